@@ -1,0 +1,203 @@
+"""Tiled matmul C = A @ B (row-major A: MxK, B: KxN), fp32 accumulation, grouped tile order.
+
+Every edge is masked, so any M, N, K >= 1 is computed right. The three layers follow the
+Liger-Kernel habit: ``_matmul_kernel`` (the @triton.jit kernel) -> ``matmul`` (the launcher) ->
+``MatmulKernel`` (the TunableKernel the tuner drives).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from tuner.config import KernelConfig
+from tuner.kernel import Dim, Tolerance, source_version
+from tuner.space import Param, ProblemContext, SearchSpace
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Grouped ordering: GROUP_M rows of tiles are walked column by column so that the B tiles
+    # they share stay in L2.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c = acc.to(c_ptr.dtype.element_ty)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, c, mask=mask_m & mask_n)
+
+
+def _args(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[Any, ...]:
+    (M, K), N = a.shape, b.shape[1]
+    return (a, b, out, M, N, K,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
+
+
+def _grid(a: torch.Tensor, b: torch.Tensor, meta: Mapping[str, int]) -> tuple[int]:
+    return (triton.cdiv(a.shape[0], meta["BLOCK_M"]) * triton.cdiv(b.shape[1], meta["BLOCK_N"]),)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig) -> None:
+    """out = a @ b with the given launch config."""
+    meta = config.meta
+    _matmul_kernel[_grid(a, b, meta)](*_args(a, b, out), **meta, num_warps=config.num_warps,
+                                      num_stages=config.num_stages)
+
+
+def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+                   config: KernelConfig) -> None:
+    """Compile (or load from Triton's disk cache) without launching."""
+    meta = config.meta
+    _matmul_kernel.warmup(*_args(a, b, out), **meta, num_warps=config.num_warps,
+                          num_stages=config.num_stages, grid=_grid(a, b, meta))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # Each pipeline stage holds one A tile and one B tile. On the H200 replay table
+    # (shared/replay) this predicts all 92 OutOfResources exactly (e.g. 128x128x128 with 4 stages:
+    # 262,144 B > 232,448 B) and over-predicts 4 configs (BLOCK_M=32, BLOCK_N=256, BLOCK_K=128,
+    # 4 stages) that Triton ran with fewer stages, each 2.7x slower than the best.
+    need = config["num_stages"] * config["BLOCK_K"] * (config["BLOCK_M"] + config["BLOCK_N"])
+    need *= ctx.elem_bytes
+    if need > ctx.smem_limit:
+        return f"needs {need} B of shared memory; the device allows {ctx.smem_limit} B"
+    return None
+
+
+def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # A tile larger than the (power-of-two padded) problem only computes masked zeros; the
+    # smaller tile with the same other parameters does the same work with fewer resources.
+    for block, dim, floor in (("BLOCK_M", "M", 16), ("BLOCK_N", "N", 32), ("BLOCK_K", "K", 32)):
+        cap = max(floor, _next_pow2(ctx.shape[dim]))
+        if config[block] > cap:
+            return f"{block}={config[block]} is larger than {dim}={ctx.shape[dim]} needs ({cap})"
+    return None
+
+
+# The Triton matmul tutorial's CUDA configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages),
+# plus two for skinny (decode-like) problems.
+_KNOWN_GOOD = [
+    (128, 256, 64, 8, 8, 3), (64, 256, 32, 8, 4, 4), (128, 128, 32, 8, 4, 4),
+    (128, 64, 32, 8, 4, 4), (64, 128, 32, 8, 4, 4), (128, 32, 32, 8, 4, 4),
+    (64, 32, 32, 8, 2, 5), (32, 64, 32, 8, 2, 5),
+    (16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4),
+]
+_PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+class MatmulKernel:
+    name = "matmul"
+    ref = "search_spaces.matmul:KERNEL"
+    description = "C = A @ B, row-major, fp32 accumulate, masked edges, grouped tile order"
+    dims = (Dim("M", 1, 65536, "rows of A and C"), Dim("N", 1, 65536, "columns of B and C"),
+            Dim("K", 1, 65536, "the reduction dimension"))
+    dtypes = ("float16", "bfloat16", "float32")
+    # Triton's CPU interpreter computes bf16 tl.dot wrongly (silently).
+    interpreter_unsupported_dtypes = ("bfloat16",)
+
+    @property
+    def version(self) -> str:
+        return source_version(sys.modules[__name__])
+
+    def space(self) -> SearchSpace:
+        return SearchSpace(
+            params=(
+                Param.pow2("BLOCK_M", 16, 256),
+                Param.pow2("BLOCK_N", 32, 256),
+                Param.pow2("BLOCK_K", 32, 256),
+                Param.ints("GROUP_M", (1, 8)),
+                Param.pow2("num_warps", 2, 8),
+                Param.ints("num_stages", (2, 3, 4, 5)),
+            ),
+            constraints=(_shared_memory, _redundant_tile),
+        )
+
+    def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
+        return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in _KNOWN_GOOD]
+
+    def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
+        """A config that runs on every shape and dtype, on any GPU with >= 100 KB of smem."""
+        block_m = 16 if shape.get("M", 128) <= 16 else 64
+        return KernelConfig(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=32, GROUP_M=8,
+                            num_warps=4, num_stages=3)
+
+    def make_inputs(
+        self, shape: Mapping[str, int], dtype: str, device: str, seed: int
+    ) -> dict[str, Any]:
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        gen = torch.Generator(device=device).manual_seed(seed)
+        # Scaled so that every output element is ~N(0, 1) whatever K is: tolerances stay absolute.
+        scale = K ** -0.25
+        a = torch.randn((M, K), generator=gen, device=device, dtype=torch.float32) * scale
+        b = torch.randn((K, N), generator=gen, device=device, dtype=torch.float32) * scale
+        torch_dtype = TORCH_DTYPES[dtype]
+        out = torch.empty((M, N), device=device, dtype=torch_dtype)
+        return {"a": a.to(torch_dtype), "b": b.to(torch_dtype), "out": out}
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        matmul(inputs["a"], inputs["b"], inputs["out"], config)
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        compile_matmul(inputs["a"], inputs["b"], inputs["out"], config)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return torch.matmul(inputs["a"].float(), inputs["b"].float())
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        # Outputs are ~N(0, 1). fp16 rounds the result to ~5e-4, bf16 to ~4e-3; fp32 inputs go
+        # through TF32 tensor cores (10-bit mantissa) on the GPU.
+        return {"float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(3e-2, 2e-2),
+                "float32": Tolerance(1e-2, 1e-2)}[dtype]
+
+    def flops(self, shape: Mapping[str, int]) -> float:
+        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+
+    def bytes(self, shape: Mapping[str, int], dtype: str) -> float:
+        elem = 4 if dtype == "float32" else 2
+        return float(elem * (shape["M"] * shape["K"] + shape["K"] * shape["N"]
+                             + shape["M"] * shape["N"]))
+
+    def torch_baseline(self, inputs: dict[str, Any]) -> None:
+        torch.matmul(inputs["a"], inputs["b"], out=inputs["out"])
+
+
+KERNEL = MatmulKernel()

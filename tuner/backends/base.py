@@ -1,0 +1,54 @@
+"""The Backend contract every measurement backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tuner.config import KernelConfig
+from tuner.device import DeviceFingerprint
+from tuner.measurement import Measurement
+from tuner.space import SearchSpace
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """How configs are timed and how long each may take."""
+
+    warmup_ms: float = 10.0
+    rep_ms: float = 40.0
+    #: seconds one config may spend compiling before it is recorded as a timeout
+    compile_timeout_s: float = 120.0
+    #: seconds one config may spend verifying and timing before it is recorded as a timeout
+    run_timeout_s: float = 60.0
+    #: seconds a fresh child may take to start (import torch, initialise CUDA)
+    start_timeout_s: float = 180.0
+    #: deaths in a row after which the device is reported unhealthy
+    max_consecutive_deaths: int = 3
+
+
+class Backend(Protocol):
+    """Measures configs of one (kernel, shape, dtype) problem on one device.
+
+    ``measure`` never raises for a bad config: every failure is returned as a Measurement with
+    its Outcome. It raises ``WorkerDied`` only when the device itself cannot be used any more.
+    Not thread-safe: one search loop drives one backend.
+    """
+
+    fingerprint: DeviceFingerprint
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def restrict(self, space: SearchSpace) -> SearchSpace:
+        """The part of ``space`` this backend can answer (a replay table's configs)."""
+        ...
+
+    def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]: ...
+
+    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
+        """Time ``configs`` again, interleaved round-robin, for a fair final comparison."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,256 @@
+"""The measuring child process: verifies and times one config at a time.
+
+It runs in a process of its own (spawned, in its own process group) so that a config that
+crashes, hangs or leaves a sticky CUDA error kills only this process. The parent talks to it over
+a Pipe; every message is a tuple whose first item names it:
+
+parent -> child: ("setup", kernel_ref, shape, dtype, seed) | ("measure", config, timing)
+                 | ("retime", configs, rounds, timing) | ("selftest",) | ("calibrate",)
+child -> parent: ("ready", fingerprint) | ("ok",) | ("compiled", seconds)
+                 | ("result", measurement, sticky) | ("results", [measurement]) | ("error", text)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import traceback
+from typing import Any
+
+from tuner.config import KernelConfig
+from tuner.measurement import Measurement, Outcome
+
+#: CUDA errors after which the context is unusable: the child must be replaced.
+STICKY_CUDA_ERRORS = (
+    "illegal memory access", "an illegal instruction", "misaligned address",
+    "unspecified launch failure", "device-side assert", "cudaErrorIllegalAddress",
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "operation not permitted when stream is capturing", "CUDA error: unknown error",
+)
+
+
+def is_sticky(text: str) -> bool:
+    return any(marker.lower() in text.lower() for marker in STICKY_CUDA_ERRORS)
+
+
+def classify_exception(exc: BaseException) -> Outcome:
+    name = type(exc).__name__
+    text = f"{name}: {exc}"
+    if "OutOfResources" in name or "out of resource" in text.lower():
+        return Outcome.OUT_OF_RESOURCES
+    if is_sticky(text):
+        return Outcome.CRASH
+    if "Compilation" in name or "CompileTimeAssertion" in name or "PTXAS" in text.upper():
+        return Outcome.COMPILE_ERROR
+    return Outcome.CRASH
+
+
+class ChildState:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.kernel: Any = None
+        self.shape: dict[str, int] = {}
+        self.dtype = ""
+        self.seed = 0
+        self.counter = 0
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.kind == "cuda" else "cpu"
+
+    def sync(self) -> None:
+        if self.kind == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> str | None:
+    """Poison the output, run once, compare with the reference. None when right, else why."""
+    import torch
+
+    out = inputs["out"]
+    out.fill_(float("nan"))
+    state.kernel.launch(config, inputs)
+    state.sync()
+    ref = state.kernel.reference(inputs).float()
+    got = out.float()
+    bad_finite = (~torch.isfinite(got)) & torch.isfinite(ref)
+    if bool(bad_finite.any()):
+        count = int(bad_finite.sum())
+        return f"{count} output element(s) are NaN/Inf where the reference is finite"
+    tol = state.kernel.tolerance(state.dtype)
+    err = (got - ref).abs()
+    allowed = tol.atol + tol.rtol * ref.abs()
+    over = err > allowed
+    if bool(over.any()):
+        idx = int(torch.argmax((err - allowed).flatten()))
+        return (f"{int(over.sum())} element(s) off the reference; worst at flat index {idx}: "
+                f"got {got.flatten()[idx].item():.6g}, expected {ref.flatten()[idx].item():.6g} "
+                f"(atol={tol.atol}, rtol={tol.rtol})")
+    inputs["_max_error"] = float(err.max()) if err.numel() else 0.0
+    return None
+
+
+def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],
+          timing: Any) -> tuple[float, float, float]:
+    fn = lambda: state.kernel.launch(config, inputs)  # noqa: E731
+    if state.kind == "cuda":
+        import triton.testing
+
+        q = triton.testing.do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms,
+                                    quantiles=[0.2, 0.5, 0.8])
+        return float(q[0]), float(q[1]), float(q[2])
+    # The interpreter's wall time says nothing about a GPU; it is recorded only so that the
+    # whole pipeline runs. Results from it are stored under the interpreter's own device key.
+    samples = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return samples[0], samples[1], samples[2]
+
+
+def _compile(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> None:
+    compile_fn = getattr(state.kernel, "compile", None)
+    if compile_fn is not None and state.kind == "cuda":
+        compile_fn(config, inputs)
+
+
+def measure_one(state: ChildState, config: KernelConfig, timing: Any,
+                send: Any) -> tuple[Measurement, bool]:
+    """Compile, verify and time one config. Returns the measurement and whether it was sticky."""
+    state.counter += 1
+    t0 = time.perf_counter()
+    try:
+        inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device,
+                                          state.seed + state.counter)
+        _compile(state, config, inputs)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
+        return _failure(config, exc), False
+    compile_s = time.perf_counter() - t0
+    send(("compiled", compile_s))
+    try:
+        wrong = _verify(state, config, inputs)
+        if wrong:
+            return Measurement(config, Outcome.WRONG_RESULT, error=wrong,
+                               compile_s=compile_s), False
+        p20, p50, p80 = _time(state, config, inputs, timing)
+    except Exception as exc:  # noqa: BLE001
+        m = _failure(config, exc, compile_s)
+        return m, is_sticky(m.error or "")
+    if not all(math.isfinite(v) and v > 0 for v in (p20, p50, p80)):
+        return Measurement(config, Outcome.CRASH, error=f"timer returned {p20, p50, p80}",
+                           compile_s=compile_s), False
+    return Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
+                       compile_s=compile_s, max_error=inputs.get("_max_error")), False
+
+
+def _failure(config: KernelConfig, exc: BaseException, compile_s: float | None = None
+             ) -> Measurement:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return Measurement(config, classify_exception(exc), error=text[-4000:], compile_s=compile_s)
+
+
+def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
+           timing: Any) -> list[Measurement]:
+    """Interleave: every round times every config once, so drift hits all of them alike."""
+    inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
+    medians: dict[KernelConfig, list[float]] = {c: [] for c in configs}
+    for _ in range(rounds):
+        for config in configs:
+            medians[config].append(_time(state, config, inputs, timing)[1])
+    out = []
+    for config, values in medians.items():
+        values.sort()
+        q = statistics.quantiles(values, n=5, method="inclusive") if len(values) > 1 else values
+        p20, p80 = (q[0], q[-1]) if len(values) > 1 else (values[0], values[0])
+        out.append(Measurement(config, Outcome.OK, p20_ms=p20,
+                               p50_ms=statistics.median(values), p80_ms=p80))
+    return out
+
+
+def selftest(state: ChildState) -> None:
+    """A small known-good computation: fails loudly if the device is unusable."""
+    import torch
+
+    x = torch.arange(1024, device=state.device, dtype=torch.float32)
+    y = (x + 1).sum().item()
+    if y != 1024 * 1025 / 2:
+        raise RuntimeError(f"self-test computed {y}, expected {1024 * 1025 / 2}")
+
+
+def calibrate(state: ChildState) -> dict[str, float | None]:
+    """The device's copy bandwidth (GB/s, read + write) and bf16 matmul peak (TFLOP/s)."""
+    if state.kind != "cuda":
+        return {"copy_gbps": None, "matmul_tflops": None}
+    import torch
+    import triton.testing
+
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
+    copy_gbps = 2 * n / (ms * 1e-3) / 1e9
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200)
+    return {"copy_gbps": copy_gbps, "matmul_tflops": 2 * 8192**3 / (ms * 1e-3) / 1e12}
+
+
+def child_main(conn: Any, kind: str, device_index: int) -> None:
+    """Entry point of the spawned child."""
+    os.setpgrp()  # so that the parent can kill us together with any compiler we started
+    if kind == "interpret":
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif kind == "cuda":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device_index))
+    state = ChildState(kind)
+    try:
+        from tuner.device import detect_cuda, interpreter_fingerprint
+
+        fp = detect_cuda(0) if kind == "cuda" else interpreter_fingerprint()
+        conn.send(("ready", fp))
+    except Exception as exc:  # noqa: BLE001
+        conn.send(("error", f"device start failed: {type(exc).__name__}: {exc}"))
+        return
+    _serve(conn, state)
+
+
+def _serve(conn: Any, state: ChildState) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        op = msg[0]
+        try:
+            if op == "setup":
+                _setup(state, *msg[1:])
+                conn.send(("ok",))
+            elif op == "measure":
+                m, sticky = measure_one(state, msg[1], msg[2], conn.send)
+                conn.send(("result", m, sticky))
+            elif op == "retime":
+                conn.send(("results", retime(state, msg[1], msg[2], msg[3])))
+            elif op == "selftest":
+                selftest(state)
+                conn.send(("ok",))
+            elif op == "calibrate":
+                conn.send(("calibration", calibrate(state)))
+            elif op == "exit":
+                return
+        except Exception as exc:  # noqa: BLE001
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _setup(state: ChildState, kernel_ref: str, shape: dict[str, int], dtype: str,
+           seed: int) -> None:
+    from tuner.kernel import load_ref
+
+    state.kernel = load_ref(kernel_ref)
+    state.shape, state.dtype, state.seed, state.counter = dict(shape), dtype, seed, 0

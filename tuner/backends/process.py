@@ -1,0 +1,195 @@
+"""The parent side of a measuring child: timeouts, crash recovery, health.
+
+The parent never initialises CUDA. It sends one config at a time to the child and waits with a
+deadline: the compile phase gets ``compile_timeout_s``, verification and timing ``run_timeout_s``.
+A child that dies, hangs or reports a sticky CUDA error is killed with its whole process group
+(the compiler subprocesses it started included), a fresh one is started and checked with a small
+known-good computation, and the config is recorded as ``crash`` or ``timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tuner.backends.base import TimingOptions
+from tuner.backends.child import child_main
+from tuner.config import KernelConfig
+from tuner.device import DeviceFingerprint
+from tuner.errors import WorkerDied
+from tuner.measurement import Measurement, Outcome
+from tuner.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Died(Exception):
+    pass
+
+
+class ChildProcess:
+    """One spawned child and its pipe. ``call`` waits for a reply with a deadline."""
+
+    def __init__(self, kind: str, device_index: int, start_timeout_s: float) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=child_main, args=(child_conn, kind, device_index),
+                                   daemon=True, name=f"tuner-{kind}-child")
+        self.process.start()
+        child_conn.close()
+        reply = self.receive(start_timeout_s)
+        if reply[0] != "ready":
+            self.kill()
+            raise WorkerDied(f"the {kind} child did not start: {reply[1]}")
+        self.fingerprint: DeviceFingerprint = reply[1]
+
+    def receive(self, timeout_s: float) -> tuple[Any, ...]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Timeout(f"no answer within {timeout_s:.0f} s")
+            try:
+                if self.conn.poll(min(left, 0.5)):
+                    return self.conn.recv()  # type: ignore[no-any-return]
+            except (EOFError, OSError):
+                raise _Died(self._death_note()) from None
+            if not self.process.is_alive() and not self.conn.poll(0):
+                raise _Died(self._death_note())
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, OSError):
+            raise _Died(self._death_note()) from None
+
+    def _death_note(self) -> str:
+        self.process.join(timeout=1)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"the child was killed by signal {signal.Signals(-code).name}"
+        return f"the child exited abruptly (exit code {code})"
+
+    def kill(self) -> None:
+        pid = self.process.pid
+        if pid is not None and self.process.is_alive():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("exit",))
+            self.process.join(timeout=5)
+        except (BrokenPipeError, OSError):
+            pass
+        self.kill()
+
+
+class ProcessBackend:
+    """The ``cuda`` and ``interpret`` backends: a child process measures, the parent supervises."""
+
+    def __init__(self, kind: str, kernel_ref: str, shape: dict[str, int], dtype: str,
+                 seed: int = 0, device_index: int = 0,
+                 timing: TimingOptions | None = None) -> None:
+        self.kind = kind
+        self.kernel_ref, self.shape, self.dtype, self.seed = kernel_ref, shape, dtype, seed
+        self.device_index = device_index
+        self.timing = timing or TimingOptions()
+        self.consecutive_deaths = 0
+        self.restarts = 0
+        self._child = self._start()
+        self.fingerprint: DeviceFingerprint = self._child.fingerprint
+
+    @property
+    def healthy(self) -> bool:
+        return self.consecutive_deaths < self.timing.max_consecutive_deaths
+
+    def _start(self) -> ChildProcess:
+        child = ChildProcess(self.kind, self.device_index, self.timing.start_timeout_s)
+        try:
+            child.send(("setup", self.kernel_ref, self.shape, self.dtype, self.seed))
+            reply = child.receive(self.timing.start_timeout_s)
+        except (_Timeout, _Died) as exc:
+            child.kill()
+            raise WorkerDied(f"the {self.kind} child failed its setup: {exc}") from None
+        if reply[0] != "ok":
+            child.kill()
+            raise WorkerDied(f"the {self.kind} child failed its setup: {reply[1]}")
+        return child
+
+    def _restart(self, why: str) -> None:
+        log.warning("restarting the %s child: %s", self.kind, why)
+        self._child.kill()
+        self.restarts += 1
+        if not self.healthy:
+            raise WorkerDied(f"the {self.kind} device died {self.consecutive_deaths} times in a "
+                             f"row; last: {why}")
+        self._child = self._start()
+        self._child.send(("selftest",))
+        reply = self._child.receive(self.timing.run_timeout_s)
+        if reply[0] != "ok":
+            raise WorkerDied(f"the restarted {self.kind} child failed its self-test: {reply[1]}")
+
+    def restrict(self, space: SearchSpace) -> SearchSpace:
+        return space
+
+    def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]:
+        return [self._measure_one(c) for c in configs]
+
+    def _measure_one(self, config: KernelConfig) -> Measurement:
+        phase, compile_s = "compile", None
+        try:
+            self._child.send(("measure", config, self.timing))
+            reply = self._child.receive(self.timing.compile_timeout_s)
+            if reply[0] == "compiled":
+                phase, compile_s = "run", reply[1]
+                reply = self._child.receive(self.timing.run_timeout_s)
+        except _Timeout as exc:
+            self.consecutive_deaths += 1
+            self._restart(f"{config.key()} hung in its {phase} phase")
+            return Measurement(config, Outcome.TIMEOUT, error=f"{phase} timed out: {exc}",
+                               compile_s=compile_s)
+        except _Died as exc:
+            self.consecutive_deaths += 1
+            self._restart(f"{config.key()} killed the child: {exc}")
+            return Measurement(config, Outcome.CRASH, error=str(exc), compile_s=compile_s)
+        if reply[0] == "error":
+            return Measurement.failure(config, Outcome.CRASH, str(reply[1]))
+        measurement: Measurement = reply[1]
+        if reply[2]:  # sticky CUDA error: the context is unusable from now on
+            self.consecutive_deaths += 1
+            self._restart(f"{config.key()} left a sticky CUDA error")
+        else:
+            self.consecutive_deaths = 0
+        return measurement
+
+    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
+        if not configs:
+            return []
+        self._child.send(("retime", list(configs), rounds, self.timing))
+        limit = self.timing.run_timeout_s * max(1, len(configs)) * max(1, rounds) / 4
+        reply = self._child.receive(max(limit, self.timing.run_timeout_s))
+        if reply[0] != "results":
+            raise WorkerDied(f"re-timing failed: {reply[1]}")
+        return list(reply[1])
+
+    def calibrate(self) -> dict[str, float | None]:
+        self._child.send(("calibrate",))
+        reply = self._child.receive(300)
+        return dict(reply[1]) if reply[0] == "calibration" else {}
+
+    def close(self) -> None:
+        self._child.close()

@@ -1,0 +1,110 @@
+"""The replay backend: answers from a recorded ``replay-v1`` table (shared/replay/README.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.config import KernelConfig
+from tuner.device import DeviceFingerprint, replay_fingerprint
+from tuner.errors import ReplayTableError
+from tuner.measurement import Measurement, Outcome
+from tuner.space import SearchSpace
+
+
+@dataclass(frozen=True)
+class ReplayTable:
+    kernel: str
+    device: str
+    shape: dict[str, int]
+    dtype: str
+    params: tuple[str, ...]
+    results: dict[KernelConfig, float | str]  # ms, or the recorded error
+    reference_ms: dict[str, float]
+    triton_version: str | None = None
+    torch_version: str | None = None
+
+    @property
+    def best_ms(self) -> float:
+        return min(v for v in self.results.values() if isinstance(v, float))
+
+    def ok_times(self) -> list[float]:
+        return sorted(v for v in self.results.values() if isinstance(v, float))
+
+
+def load_table(path: str | Path) -> ReplayTable:
+    """Parse a replay table, or raise ReplayTableError saying what is wrong with it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ReplayTableError(f"replay file {str(p)!r} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReplayTableError(f"replay file {str(p)!r} is not valid JSON: {exc}") from None
+    return parse_table(data, str(p))
+
+
+def parse_table(data: Any, where: str = "replay table") -> ReplayTable:
+    if not isinstance(data, dict) or data.get("format") != "replay-v1":
+        raise ReplayTableError(f"{where}: not a replay-v1 table (\"format\" must be \"replay-v1\")")
+    try:
+        results: dict[KernelConfig, float | str] = {}
+        for entry in data["results"]:
+            config = KernelConfig({k: int(v) for k, v in entry["config"].items()})
+            results[config] = float(entry["ms"]) if "ms" in entry else str(entry["error"])
+        table = ReplayTable(
+            kernel=str(data["kernel"]), device=str(data["device"]),
+            shape={k: int(v) for k, v in data["shape"].items()}, dtype=str(data["dtype"]),
+            params=tuple(data["params"]), results=results,
+            reference_ms={k: float(v) for k, v in data.get("reference_ms", {}).items()},
+            triton_version=data.get("triton_version"), torch_version=data.get("torch_version"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplayTableError(f"{where}: malformed entry ({type(exc).__name__}: {exc})") from None
+    if not any(isinstance(v, float) for v in results.values()):
+        raise ReplayTableError(f"{where}: no config in the table has a time")
+    return table
+
+
+def _outcome_of(error: str) -> Outcome:
+    return Outcome.OUT_OF_RESOURCES if "OutOfResources" in error else Outcome.COMPILE_ERROR
+
+
+class ReplayBackend:
+    """Answers each config with its recorded time; the space is the table's configs."""
+
+    def __init__(self, table: ReplayTable) -> None:
+        self.table = table
+        self.fingerprint: DeviceFingerprint = replay_fingerprint(
+            table.device, table.triton_version, table.torch_version)
+        self.calls = 0
+
+    @property
+    def healthy(self) -> bool:
+        return True
+
+    def restrict(self, space: SearchSpace) -> SearchSpace:
+        return SearchSpace(space.params, space.constraints, frozenset(self.table.results))
+
+    def _one(self, config: KernelConfig) -> Measurement:
+        self.calls += 1
+        value = self.table.results.get(config)
+        if value is None:
+            return Measurement.failure(config, Outcome.COMPILE_ERROR,
+                                       "config is not in the replay table")
+        if isinstance(value, str):
+            return Measurement.failure(config, _outcome_of(value), value)
+        return Measurement(config, Outcome.OK, p20_ms=value, p50_ms=value, p80_ms=value,
+                           compile_s=0.0, max_error=0.0)
+
+    def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]:
+        return [self._one(c) for c in configs]
+
+    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
+        return [self._one(c) for c in configs]
+
+    def close(self) -> None:
+        pass

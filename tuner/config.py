@@ -1,0 +1,102 @@
+"""KernelConfig: one point of a search space, in the flat format vLLM's config files use."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+#: Launch options that are not kernel meta-parameters.
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+class KernelConfig(Mapping[str, int]):
+    """A frozen, hashable mapping of parameter name to value.
+
+    ``{"BLOCK_M": 128, ..., "num_warps": 8, "num_stages": 3}``. Keys are kept sorted so that two
+    configs with the same items are equal, hash the same and serialise to the same JSON.
+    """
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, values: Mapping[str, int] | None = None, **kwargs: int) -> None:
+        merged = dict(values or {}, **kwargs)
+        for key, value in merged.items():
+            if not isinstance(key, str):
+                raise TypeError(f"config keys must be strings, got {key!r}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"config value {key}={value!r} must be an int")
+        self._items: tuple[tuple[str, int], ...] = tuple(sorted(merged.items()))
+        self._hash = hash(self._items)
+
+    def __getitem__(self, key: str) -> int:
+        for name, value in self._items:
+            if name == key:
+                return value
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KernelConfig):
+            return self._items == other._items
+        if isinstance(other, Mapping):
+            return dict(self._items) == dict(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self._items)
+        return f"KernelConfig({inner})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KernelConfig, (dict(self._items),))
+
+    @property
+    def meta(self) -> dict[str, int]:
+        """The kernel's constexpr meta-parameters (everything but launch options)."""
+        return {k: v for k, v in self._items if k not in LAUNCH_OPTIONS}
+
+    @property
+    def num_warps(self) -> int:
+        return self.get("num_warps", 4)
+
+    @property
+    def num_stages(self) -> int:
+        return self.get("num_stages", 3)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self._items)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelConfig:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a config must be a JSON object of name -> int")
+        return cls(data)
+
+    def key(self) -> str:
+        """A short, stable string identity (used in the database and in logs)."""
+        return ",".join(f"{k}={v}" for k, v in self._items)
+
+    def to_triton(self) -> Any:
+        """The one place a ``triton.Config`` is built."""
+        import triton
+
+        return triton.Config(self.meta, num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def triton_repr(self) -> str:
+        meta = ", ".join(f"{k!r}: {v}" for k, v in self.meta.items())
+        return (
+            f"triton.Config({{{meta}}}, num_warps={self.num_warps}, "
+            f"num_stages={self.num_stages})"
+        )

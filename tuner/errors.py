@@ -1,0 +1,57 @@
+"""The engine's exception tree.
+
+TunerError
+ +-- InvalidRequest          bad user input; the message names the field and what to do
+ |    +-- UnknownKernel      no kernel of that name (the message lists the known ones)
+ |    +-- InvalidShape       malformed, missing, extra or out-of-bounds dimension
+ |    +-- UnsupportedDtype   the kernel (or backend) does not take that dtype
+ |    +-- InvalidConfig      a config outside the kernel's search space
+ +-- ReplayTableError        a replay file that is missing, does not parse or does not fit
+ +-- BackendUnavailable      the asked-for backend cannot run here (e.g. cuda without a GPU)
+ +-- WorkerDied              the measuring child process died and could not be restarted
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class InvalidRequest(TunerError):
+    """User input that cannot be served. ``field`` names the offending input."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.field))
+
+
+class UnknownKernel(InvalidRequest):
+    pass
+
+
+class InvalidShape(InvalidRequest):
+    pass
+
+
+class UnsupportedDtype(InvalidRequest):
+    pass
+
+
+class InvalidConfig(InvalidRequest):
+    pass
+
+
+class ReplayTableError(TunerError):
+    pass
+
+
+class BackendUnavailable(TunerError):
+    pass
+
+
+class WorkerDied(TunerError):
+    pass

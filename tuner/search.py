@@ -1,0 +1,217 @@
+"""The search loop: ask a strategy, prune, measure through a backend, tell, keep the best.
+
+The loop owns what every strategy shares: the trial budget (pruned and duplicate proposals cost
+nothing), warm start (known-good and previously tuned configs are tried first), resuming from
+stored trials, the time budget, early stopping and the final interleaved re-timing of the
+finalists. A config only becomes the best once its output was verified against the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tuner.backends.base import Backend
+from tuner.config import KernelConfig
+from tuner.measurement import Measurement, Outcome
+from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext, SearchSpace
+from tuner.strategies import make_strategy
+from tuner.strategies.base import Strategy
+
+log = logging.getLogger(__name__)
+
+#: proposals in a row that were pruned or already tried before the loop picks an untried
+#: feasible config at random instead (so a sampler stuck on one region cannot stall the search)
+MAX_WASTED_PROPOSALS = 25
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    trials: int = 48
+    seed: int = 0
+    strategy: str = "auto"
+    time_budget_s: float | None = None
+    #: configs asked ahead of measuring (lets a compile pool work on the next ones)
+    batch_size: int = 1
+    #: tried first, in order (stored bests of nearby shapes, then the kernel's known-good configs)
+    warm_start: Sequence[KernelConfig] = ()
+    #: trials already measured (a resumed task); they count against the budget
+    resume: Sequence[Measurement] = ()
+    finalists: int = 3
+    retime_rounds: int = 5
+    #: stop after this many trials without an improvement beyond the noise (None: never)
+    patience: int | None = None
+    #: relative improvement that counts as one (at least the measured noise)
+    min_improvement: float = 0.01
+
+
+@dataclass
+class SearchResult:
+    best: Measurement | None
+    trials: list[Measurement]
+    pruned: int
+    stop_reason: str
+    wall_s: float
+    space_size: int
+    feasible_size: int
+    finalists: list[Measurement] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts = Counter(m.outcome.value for m in self.trials)
+        return dict(sorted(counts.items()))
+
+
+TrialCallback = Callable[[int, Measurement], None]
+
+
+class SearchLoop:
+    def __init__(self, kernel: Any, shape: Mapping[str, int], dtype: str, backend: Backend,
+                 options: SearchOptions, on_trial: TrialCallback | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self.backend, self.options = backend, options
+        self.on_trial, self.should_stop = on_trial, should_stop
+        self.space: SearchSpace = backend.restrict(kernel.space())
+        smem = backend.fingerprint.smem_per_block or DEFAULT_SMEM_LIMIT
+        self.ctx = ProblemContext(dict(shape), dtype, smem)
+        self.strategy: Strategy = make_strategy(options.strategy, self.space, self.ctx,
+                                                options.seed, options.trials)
+        self.rng = random.Random(options.seed)
+        self.tried: dict[KernelConfig, Measurement] = {}
+        self.trials: list[Measurement] = []
+        self.pruned = 0
+        self._warm = [c for c in options.warm_start if self.space.contains(c)]
+        self._feasible: list[KernelConfig] | None = None
+        self._exhausted = False
+        self._best_at = 0
+
+    # -- proposals ---------------------------------------------------------------------------
+
+    def _feasible_untried(self) -> list[KernelConfig]:
+        if self._feasible is None:
+            self._feasible = self.space.feasible(self.ctx)
+        return [c for c in self._feasible if c not in self.tried]
+
+    def _propose(self) -> tuple[KernelConfig, bool] | None:
+        """The next config and whether the strategy asked for it."""
+        while self._warm:
+            config = self._warm.pop(0)
+            if config not in self.tried and self.space.violation(config, self.ctx) is None:
+                return config, False
+        wasted = 0
+        while wasted < MAX_WASTED_PROPOSALS and not self._exhausted:
+            config = self.strategy.ask()
+            if config is None:
+                self._exhausted = True
+                break
+            if not self.space.contains(config):
+                reason = "outside the measured space"
+            else:
+                reason = self.space.violation(config, self.ctx) or ""
+            if reason:
+                self.pruned += 1
+                self.strategy.tell(config, Measurement.failure(config, Outcome.PRUNED, reason))
+            elif config in self.tried:
+                self.strategy.tell(config, self.tried[config])
+            else:
+                return config, True
+            wasted += 1
+        left = self._feasible_untried()
+        return (self.rng.choice(left), False) if left else None
+
+    def _next_batch(self, room: int) -> list[tuple[KernelConfig, bool]]:
+        batch: list[tuple[KernelConfig, bool]] = []
+        pending: set[KernelConfig] = set()
+        while len(batch) < room:
+            proposal = self._propose()
+            if proposal is None:
+                break
+            if proposal[0] in pending:  # asked twice in one batch: answer it after measuring
+                batch.append(proposal)
+                continue
+            pending.add(proposal[0])
+            batch.append(proposal)
+        return batch
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _record(self, measurement: Measurement) -> None:
+        best = self.best()
+        self.tried[measurement.config] = measurement
+        self.trials.append(measurement)
+        if measurement.ok and (best is None or best.p50_ms is None or
+                               measurement.p50_ms < best.p50_ms * (1 - self._margin(best))):
+            self._best_at = len(self.trials)
+        if self.on_trial is not None:
+            self.on_trial(len(self.trials), measurement)
+
+    def _margin(self, best: Measurement) -> float:
+        return max(self.options.min_improvement, best.noise)
+
+    def best(self) -> Measurement | None:
+        ok = [m for m in self.trials if m.ok and m.p50_ms is not None]
+        return min(ok, key=lambda m: m.p50_ms or 0.0) if ok else None
+
+    def _stop_reason(self, started: float) -> str | None:
+        o = self.options
+        if len(self.trials) >= o.trials:
+            return "budget"
+        if o.time_budget_s is not None and time.monotonic() - started >= o.time_budget_s:
+            return "time"
+        if self.should_stop is not None and self.should_stop():
+            return "cancelled"
+        if o.patience and self.best() and len(self.trials) - self._best_at >= o.patience:
+            return "converged"
+        if not self.backend.healthy:
+            return "device unhealthy"
+        return None
+
+    def run(self) -> SearchResult:
+        started = time.monotonic()
+        for m in self.options.resume:
+            self.strategy.tell(m.config, m)
+            self.tried[m.config] = m
+            self.trials.append(m)
+        reason = self._stop_reason(started)
+        while reason is None:
+            room = min(self.options.batch_size, self.options.trials - len(self.trials))
+            batch = self._next_batch(room)
+            if not batch:
+                reason = "space exhausted"
+                break
+            fresh = [c for c, _ in dict.fromkeys(batch) if c not in self.tried]
+            for m in self.backend.measure(fresh):
+                self._record(m)
+            for config, _asked in batch:
+                self.strategy.tell(config, self.tried[config])
+            reason = self._stop_reason(started)
+        finalists = self._retime_finalists()
+        return SearchResult(
+            best=min(finalists, key=lambda m: m.p50_ms or 0.0) if finalists else None,
+            trials=self.trials, pruned=self.pruned, stop_reason=reason,
+            wall_s=time.monotonic() - started, space_size=self.space.size(),
+            feasible_size=len(self._feasible) if self._feasible is not None else -1,
+            finalists=finalists,
+        )
+
+    def _retime_finalists(self) -> list[Measurement]:
+        ok = sorted((m for m in self.trials if m.ok), key=lambda m: m.p50_ms or 0.0)
+        top = ok[: self.options.finalists]
+        if len(top) <= 1 or self.options.retime_rounds <= 0:
+            return top
+        retimed = self.backend.retime([m.config for m in top], self.options.retime_rounds)
+        by_config = {m.config: m for m in top}
+        return [replace(r, compile_s=by_config[r.config].compile_s,
+                        max_error=by_config[r.config].max_error) for r in retimed]
+
+
+def run_search(kernel: Any, shape: Mapping[str, int], dtype: str, backend: Backend,
+               options: SearchOptions, on_trial: TrialCallback | None = None,
+               should_stop: Callable[[], bool] | None = None) -> SearchResult:
+    """Search ``kernel``'s space on ``backend`` for the fastest verified config."""
+    return SearchLoop(kernel, shape, dtype, backend, options, on_trial, should_stop).run()

@@ -1,0 +1,63 @@
+"""Parsing and validating problem shapes against a kernel's dimensions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.errors import InvalidShape
+from tuner.kernel import Dim
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    """``"M=4096,N=4096,K=4096"`` -> ``{"M": 4096, "N": 4096, "K": 4096}``."""
+    shape: dict[str, int] = {}
+    if not text.strip():
+        raise InvalidShape("shape is empty: write it as M=4096,N=4096,K=4096", field="shape")
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InvalidShape(f"shape part {part.strip()!r} is not NAME=VALUE "
+                               "(write it as M=4096,N=4096,K=4096)", field="shape")
+        try:
+            shape[name] = int(value.strip())
+        except ValueError:
+            raise InvalidShape(f"shape {name}={value.strip()!r}: the value must be an integer",
+                               field=f"shape.{name}") from None
+        if list(shape).count(name) > 1:
+            raise InvalidShape(f"shape names {name} twice", field=f"shape.{name}")
+    return shape
+
+
+def validate_shape(dims: Sequence[Dim], shape: Mapping[str, Any]) -> dict[str, int]:
+    """The shape with every dimension checked, in the kernel's dimension order."""
+    names = [d.name for d in dims]
+    missing = [n for n in names if n not in shape]
+    if missing:
+        raise InvalidShape(f"shape is missing dimension {', '.join(missing)}: "
+                           f"this kernel needs {', '.join(names)}", field=f"shape.{missing[0]}")
+    extra = [k for k in shape if k not in names]
+    if extra:
+        raise InvalidShape(f"shape has unknown dimension {', '.join(map(str, extra))}: "
+                           f"this kernel takes {', '.join(names)}", field=f"shape.{extra[0]}")
+    out: dict[str, int] = {}
+    for d in dims:
+        value = shape[d.name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidShape(f"shape {d.name}={value!r}: must be an integer",
+                               field=f"shape.{d.name}")
+        if not d.lo <= value <= d.hi:
+            raise InvalidShape(f"shape {d.name}={value}: every dimension must be between "
+                               f"{d.lo} and {d.hi}", field=f"shape.{d.name}")
+        out[d.name] = value
+    return out
+
+
+def shape_key(shape: Mapping[str, int]) -> str:
+    """Normalised identity of a shape: ``"K=4096,M=4096,N=4096"`` (sorted names)."""
+    return ",".join(f"{k}={shape[k]}" for k in sorted(shape))
+
+
+def shape_label(shape: Mapping[str, int]) -> str:
+    return "x".join(str(v) for v in shape.values())

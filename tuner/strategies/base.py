@@ -1,0 +1,47 @@
+"""The Strategy contract: propose configs, learn from their measurements.
+
+A strategy is driven by the search loop (``tuner.search``), which owns the budget, pruning,
+deduplication and warm start. ``ask`` proposes a config of the space (it may be infeasible or
+already tried: the loop tells the strategy so without spending budget). ``tell`` is called exactly
+once for each asked config and may also be called for configs the strategy never proposed
+(warm-start configs, resumed trials): a strategy must learn from those too. Strategies are
+reproducible: the same seed and the same tells give the same asks.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from tuner.config import KernelConfig
+from tuner.measurement import Measurement
+from tuner.space import ProblemContext, SearchSpace
+
+
+class Strategy(ABC):
+    name: ClassVar[str]
+    #: whether ``ask`` can return every feasible config in turn (exhaustive): no fallback needed
+    systematic: ClassVar[bool] = False
+
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
+        self.space, self.ctx, self.seed, self.budget = space, ctx, seed, budget
+        self._worst_ok = -math.inf
+
+    @abstractmethod
+    def ask(self) -> KernelConfig | None:
+        """The next config to try, or None when the strategy has nothing left to propose."""
+
+    @abstractmethod
+    def tell(self, config: KernelConfig, measurement: Measurement) -> None:
+        """Learn the measurement of ``config`` (asked or not)."""
+
+    def objective(self, measurement: Measurement) -> float:
+        """log(ms) for a verified run; a failure scores worse than every success seen so far,
+        so that samplers steer away from the region it came from."""
+        if measurement.ok and measurement.p50_ms:
+            value = math.log(measurement.p50_ms)
+            self._worst_ok = max(self._worst_ok, value)
+            return value
+        base = self._worst_ok if self._worst_ok > -math.inf else 0.0
+        return base + math.log(2.0)

@@ -1,0 +1,68 @@
+"""The search loop on the recorded H200 table (shared/replay), no GPU needed."""
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from search_spaces import get_kernel
+from tuner.backends.replay import ReplayBackend, load_table
+from tuner.measurement import Outcome
+from tuner.search import SearchOptions, run_search
+
+TABLE = Path(__file__).resolve().parents[1] / "tests/data/replay/matmul_4096x4096x4096_float16_h200.json"
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_table(TABLE)
+
+
+def test_cold_tpe_median_is_within_5_percent_of_the_table_best_in_48_trials(table):
+    k = get_kernel("matmul")
+    ratios = []
+    for seed in range(8):
+        backend = ReplayBackend(table)
+        result = run_search(k, table.shape, table.dtype, backend,
+                            SearchOptions(trials=48, seed=seed, strategy="tpe"))
+        assert len(result.trials) == 48 and result.best is not None
+        ratios.append(result.best.p50_ms / table.best_ms)
+    assert statistics.median(ratios) <= 1.05, ratios
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_warm_started_search_is_within_5_percent_in_48_trials(table, seed):
+    k = get_kernel("matmul")
+    warm = k.known_good_configs(table.shape, table.dtype)
+    result = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                        SearchOptions(trials=48, seed=seed, warm_start=warm))
+    assert result.best is not None and result.best.p50_ms <= table.best_ms * 1.05
+
+
+def test_search_never_spends_budget_on_pruned_configs(table):
+    k = get_kernel("matmul")
+    result = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                        SearchOptions(trials=30, seed=3, strategy="random"))
+    # 92 configs of the table run out of shared memory; the constraint catches them statically
+    assert result.pruned > 0
+    assert Outcome.OUT_OF_RESOURCES.value not in result.counts
+    assert len(result.trials) == 30
+
+
+def test_warm_start_configs_are_tried_first(table):
+    k = get_kernel("matmul")
+    warm = k.known_good_configs(table.shape, table.dtype)[:3]
+    result = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                        SearchOptions(trials=5, seed=0, warm_start=warm))
+    assert [m.config for m in result.trials[:3]] == warm
+
+
+def test_resumed_trials_count_against_the_budget(table):
+    k = get_kernel("matmul")
+    first = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                       SearchOptions(trials=10, seed=0))
+    backend = ReplayBackend(table)
+    second = run_search(k, table.shape, table.dtype, backend,
+                        SearchOptions(trials=16, seed=0, resume=first.trials))
+    assert len(second.trials) == 16
+    assert backend.calls - 0 <= 6 + len(second.finalists)

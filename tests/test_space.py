@@ -1,0 +1,50 @@
+import pytest
+
+from search_spaces import get_kernel
+from tuner.config import KernelConfig
+from tuner.errors import InvalidConfig
+from tuner.space import Param, ProblemContext, SearchSpace
+
+
+def test_pow2_param_is_ordinal_with_all_powers():
+    p = Param.pow2("BLOCK_M", 16, 256)
+    assert p.values == (16, 32, 64, 128, 256) and p.kind == "pow2"
+
+
+def test_space_enumerates_the_product_and_encodes_indices():
+    space = SearchSpace((Param.pow2("A", 1, 4), Param.ints("B", (2, 3))))
+    configs = list(space)
+    assert len(configs) == space.size() == 6
+    assert space.decode(space.encode(configs[3])) == configs[3]
+
+
+def test_validate_names_the_bad_field():
+    space = SearchSpace((Param.pow2("A", 1, 4),))
+    with pytest.raises(InvalidConfig) as err:
+        space.validate({"A": 3})
+    assert err.value.field == "config.A"
+
+
+def test_matmul_shared_memory_constraint_prunes_before_compiling():
+    k = get_kernel("matmul")
+    ctx = ProblemContext({"M": 4096, "N": 4096, "K": 4096}, "float16", smem_limit=232_448)
+    too_big = KernelConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4,
+                           num_stages=4)  # 262,144 B (an OutOfResources in the H200 table)
+    fits = KernelConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4,
+                        num_stages=3)
+    assert "262144 B" in (k.space().violation(too_big, ctx) or "")
+    assert k.space().violation(fits, ctx) is None
+
+
+def test_matmul_prunes_tiles_larger_than_a_skinny_problem():
+    k = get_kernel("matmul")
+    ctx = ProblemContext({"M": 8, "N": 4096, "K": 4096}, "float16")
+    cfg = KernelConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3)
+    assert "BLOCK_M=64" in (k.space().violation(cfg, ctx) or "")
+
+
+def test_matmul_default_and_known_good_configs_are_in_the_space():
+    k = get_kernel("matmul")
+    shape = {"M": 4096, "N": 4096, "K": 4096}
+    for c in [k.default_config(shape, "float16"), *k.known_good_configs(shape, "float16")]:
+        assert k.space().contains(c), c

@@ -1,0 +1,95 @@
+"""The ``tuner`` command: tune a kernel, list stored configs, run workers, serve the API.
+
+Bad input gets one clear line on stderr and exit status 2; a tuning run that finds no working
+config exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tuner.errors import InvalidRequest, TunerError
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_RESULT = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
+    parser.add_argument("--db", help="SQLAlchemy database URL (default: TUNER_DATABASE_URL, "
+                        "else sqlite:///data/tuner.db)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tune = sub.add_parser("tune", help="tune one kernel for one shape and store the best config")
+    tune.add_argument("kernel", help="registered kernel name (e.g. matmul)")
+    tune.add_argument("--shape", help="e.g. M=4096,N=4096,K=4096 (default with --replay: the "
+                      "table's shape)")
+    tune.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 "
+                      "(default: float16, or the replay table's)")
+    tune.add_argument("--trials", type=int, default=48, help="trial budget (default 48)")
+    tune.add_argument("--seconds", type=float, default=None, help="time budget in seconds")
+    tune.add_argument("--backend", default="auto",
+                      choices=["auto", "cuda", "interpret", "replay"])
+    tune.add_argument("--replay", metavar="FILE", help="a replay-v1 table (implies --backend "
+                      "replay)")
+    tune.add_argument("--strategy", default="auto", help="search strategy (default: auto)")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--json", action="store_true", help="print one JSON object")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    configs = sub.add_parser("configs", help="list stored best configs")
+    configs.add_argument("--kernel")
+    configs.add_argument("--dtype")
+    configs.add_argument("--device", help="device key, e.g. 'cuda:NVIDIA H200:sm90'")
+    configs.add_argument("--json", action="store_true")
+
+    sub.add_parser("kernels", help="list the registered kernels")
+
+    worker = sub.add_parser("worker", help="claim and run queued tasks on a local GPU")
+    worker.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
+    worker.add_argument("--device-index", type=int, default=0)
+
+    serve = sub.add_parser("serve", help="start the API and one worker per local GPU")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=None,
+                       help="worker processes (default: one per GPU, or one interpreter worker)")
+    serve.add_argument("--backend", default=None, choices=["auto", "cuda", "interpret"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _dispatch(args)
+    except InvalidRequest as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TunerError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("tuner: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from tuner import cli_commands
+
+    handler = {"tune": cli_commands.tune, "configs": cli_commands.configs,
+               "kernels": cli_commands.kernels, "worker": cli_commands.worker,
+               "serve": cli_commands.serve}[args.command]
+    result: Any = handler(args)
+    return int(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""What each ``tuner`` subcommand does (argument parsing lives in ``tuner.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from tuner.errors import InvalidRequest, UnsupportedDtype
+from tuner.settings import Settings
+from tuner.shapes import parse_shape, shape_label, validate_shape
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    if getattr(args, "db", None):
+        settings.database_url = args.db
+    return settings
+
+
+def _session_factory(settings: Settings) -> Any:
+    from db.engine import init_db
+
+    return init_db(settings.resolved_database_url)
+
+
+def check_dtype(kernel: Any, dtype: str, backend: str) -> None:
+    if dtype not in kernel.dtypes:
+        raise UnsupportedDtype(f"dtype {dtype!r} is not supported by {kernel.name}; choose one "
+                               f"of {', '.join(kernel.dtypes)}", field="dtype")
+    if backend == "interpret" and dtype in kernel.interpreter_unsupported_dtypes:
+        raise UnsupportedDtype(f"dtype {dtype!r} cannot be checked on the interpret backend "
+                               "(Triton's CPU interpreter computes it wrongly); use a GPU or "
+                               "another dtype", field="dtype")
+
+
+def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], str, str, Any]:
+    from search_spaces import get_kernel
+    from tuner.backends import resolve_backend_kind
+    from tuner.backends.replay import load_table
+
+    kernel = get_kernel(args.kernel)
+    if args.trials <= 0:
+        raise InvalidRequest(f"--trials {args.trials}: the budget must be at least 1",
+                             field="trials")
+    table = None
+    backend = "replay" if args.replay else args.backend
+    if backend == "replay":
+        if not args.replay:
+            raise InvalidRequest("--backend replay needs --replay FILE", field="replay")
+        table = load_table(args.replay)
+        if table.kernel != kernel.name:
+            raise InvalidRequest(f"replay table is for kernel {table.kernel!r}, not "
+                                 f"{kernel.name!r}", field="replay")
+    if args.shape is None and table is None:
+        raise InvalidRequest("--shape is required, e.g. --shape M=4096,N=4096,K=4096",
+                             field="shape")
+    shape = validate_shape(kernel.dims, parse_shape(args.shape) if args.shape else table.shape)
+    dtype = args.dtype or (table.dtype if table else "float16")
+    if table is not None and (shape != table.shape or dtype != table.dtype):
+        raise InvalidRequest(f"the replay table measured {shape_label(table.shape)} "
+                             f"{table.dtype}; the run asks for {shape_label(shape)} {dtype}",
+                             field="replay")
+    backend = resolve_backend_kind(backend)
+    check_dtype(kernel, dtype, backend)
+    return kernel, shape, dtype, backend, table
+
+
+def tune(args: argparse.Namespace) -> int:
+    from db import repo
+    from tuner.worker import execute_task
+
+    kernel, shape, dtype, backend, table = _resolve_tune_input(args)
+    settings = _settings(args)
+    factory = _session_factory(settings)
+    with factory() as session:
+        job = repo.create_job(session, kernel=kernel.name, kernel_version=kernel.version,
+                              dtype=dtype, shapes=[shape], budget_trials=args.trials,
+                              budget_seconds=args.seconds, strategy=args.strategy, force=True,
+                              seed=args.seed, backend=backend, device_key=None)
+        task_id = job.tasks[0].id
+        repo.start_task_locally(session, task_id, worker_id="cli")
+        session.commit()
+    progress = _Progress(args.trials, enabled=not (args.no_progress or args.json))
+    started = time.monotonic()
+    outcome = execute_task(factory, task_id, backend_kind=backend, replay_table=table,
+                           on_trial=progress.update)
+    progress.close()
+    wall = time.monotonic() - started
+    summary = _summary(kernel, shape, dtype, backend, outcome, wall)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    return 0 if summary["best_config"] else 1
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar: Any = None
+        self.best: float | None = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, number: int, m: Any) -> None:
+        if m.ok and (self.best is None or m.p50_ms < self.best):
+            self.best = m.p50_ms
+        if self.bar is not None:
+            self.bar.n = number
+            best = f"{self.best:.4f} ms" if self.best is not None else "-"
+            self.bar.set_postfix_str(f"best {best}, last {m.outcome.value}")
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _summary(kernel: Any, shape: dict[str, int], dtype: str, backend: str, outcome: Any,
+             wall: float) -> dict[str, Any]:
+    result = outcome.result
+    best = result.best if result else None
+    ms = best.p50_ms if best else None
+    return {
+        "kernel": kernel.name, "kernel_version": kernel.version, "shape": shape, "dtype": dtype,
+        "backend": backend, "device": outcome.device_key, "status": outcome.status,
+        "best_config": best.config.to_dict() if best else None,
+        "best_ms": ms, "best_p20_ms": best.p20_ms if best else None,
+        "best_p80_ms": best.p80_ms if best else None,
+        "tflops": kernel.flops(shape) / (ms * 1e-3) / 1e12 if ms else None,
+        "gbps": kernel.bytes(shape, dtype) / (ms * 1e-3) / 1e9 if ms else None,
+        "trials": len(result.trials) if result else 0,
+        "outcomes": result.counts if result else {},
+        "pruned": result.pruned if result else 0,
+        "stop_reason": result.stop_reason if result else None,
+        "stored": outcome.stored, "wall_s": round(wall, 3), "error": outcome.error,
+        "timings_meaningful": backend != "interpret",
+    }
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    print(f"kernel   {s['kernel']} ({s['kernel_version']})  {shape_label(s['shape'])} "
+          f"{s['dtype']}")
+    print(f"device   {s['device']}  [backend: {s['backend']}]")
+    outcomes = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items())
+    print(f"trials   {s['trials']} ({outcomes}); {s['pruned']} pruned before compiling; "
+          f"stopped: {s['stop_reason']}")
+    if s["best_config"] is None:
+        print(f"no verified config: {s['error']}")
+        return
+    print(f"best     {json.dumps(s['best_config'])}")
+    note = "" if s["timings_meaningful"] else "  (CPU interpreter: timings are not GPU timings)"
+    print(f"time     {s['best_ms']:.4f} ms, {s['tflops']:.2f} TFLOP/s, {s['gbps']:.1f} GB/s"
+          f"{note}")
+    print(f"stored   {'yes' if s['stored'] else 'no (an equal or faster config is stored)'}; "
+          f"wall time {s['wall_s']:.1f} s")
+
+
+def configs(args: argparse.Namespace) -> int:
+    from db import repo
+
+    factory = _session_factory(_settings(args))
+    with factory() as session:
+        rows = repo.list_best(session, kernel=args.kernel, device_key=args.device,
+                              dtype=args.dtype)
+        data = [_config_row(r) for r in rows]
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    if not data:
+        print("no stored configs")
+        return 0
+    for d in data:
+        print(f"{d['kernel']:<8} {d['dtype']:<9} {shape_label(d['shape']):<18} "
+              f"{d['device_key']:<28} {d['p50_ms']:.4f} ms  {json.dumps(d['config'])}")
+    return 0
+
+
+def _config_row(r: Any) -> dict[str, Any]:
+    return {"kernel": r.kernel, "kernel_version": r.kernel_version, "dtype": r.dtype,
+            "shape": r.shape, "device_key": r.device_key, "triton_version": r.triton_version,
+            "config": r.config, "p50_ms": r.p50_ms, "tflops": r.tflops}
+
+
+def kernels(args: argparse.Namespace) -> int:
+    from search_spaces import get_kernel, kernel_names
+
+    for name in kernel_names():
+        k = get_kernel(name)
+        dims = ", ".join(f"{d.name} in [{d.lo}, {d.hi}]" for d in k.dims)
+        print(f"{name}: {dims}; dtypes {', '.join(k.dtypes)}")
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    from tuner.service import run_worker
+
+    return run_worker(_settings(args), backend=args.backend, device_index=args.device_index)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from tuner.service import serve as serve_service
+
+    return serve_service(_settings(args), host=args.host, port=args.port,
+                         workers=args.workers, backend=args.backend)

@@ -1,0 +1,64 @@
+"""The service's one Settings object (environment variables with the ``TUNER_`` prefix).
+
+Only entry points (the CLI, ``tuner serve``, ``tuner worker``, the API app) read it; engine code
+takes explicit arguments. Invalid values fail at start-up with the variable's name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("TUNER_DATA_DIR", "data")).resolve()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
+
+    #: folder for the default SQLite database and exported config files
+    data_dir: Path = Field(default_factory=default_data_dir)
+    #: SQLAlchemy URL; default: SQLite file ``<data_dir>/tuner.db``
+    database_url: str = ""
+    #: comma-separated keys allowed to write (submit, cancel); ``key:ro`` marks a read-only key
+    api_keys: str = ""
+    #: when true, reads need a key too
+    auth_reads: bool = False
+    #: seconds a claimed task's lease lasts without a heartbeat
+    lease_seconds: float = Field(default=60.0, gt=1)
+    #: seconds between reaper passes (re-queueing tasks whose lease expired)
+    reap_interval_seconds: float = Field(default=15.0, gt=0)
+    #: workers ``tuner serve`` starts: -1 = one per local GPU (or one interpreter worker)
+    workers: int = -1
+    #: backend of the workers ``tuner serve`` starts
+    backend: str = "auto"
+    max_trials: int = Field(default=2000, gt=0)
+    max_shapes_per_job: int = Field(default=256, gt=0)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in ("auto", "cuda", "interpret"):
+            raise ValueError("TUNER_BACKEND must be auto, cuda or interpret")
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'tuner.db'}"
+
+    def parsed_api_keys(self) -> dict[str, str]:
+        """key -> "rw" | "ro"."""
+        keys: dict[str, str] = {}
+        for raw in self.api_keys.split(","):
+            raw = raw.strip()
+            if not raw:
+                continue
+            key, _, mode = raw.partition(":")
+            keys[key] = "ro" if mode == "ro" else "rw"
+        return keys

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up .venv and starts the service on its embedded default: SQLite under ./data, the API on
+# http://127.0.0.1:8000 and one worker per local GPU (on a machine without a GPU, one worker on
+# the Triton CPU interpreter, labelled as such: its timings are not GPU timings).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+exec .venv/bin/tuner serve "$@"

@@ -1,0 +1,1 @@
+"""Storage: SQLAlchemy models, engine setup, repository functions and Alembic migrations."""

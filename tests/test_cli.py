@@ -1,0 +1,76 @@
+"""The ``tuner`` CLI end to end: real subprocesses, a real SQLite file, the interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "tests/data/replay/matmul_4096x4096x4096_float16_h200.json"
+
+
+def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def test_tune_on_the_interpreter_stores_a_verified_best_that_configs_lists(db):
+    tuned = tuner("tune", "matmul", "--shape", "M=17,N=33,K=65", "--dtype", "float16",
+                  "--trials", "4", "--backend", "interpret", "--json", db=db)
+    assert tuned.returncode == 0, tuned.stderr
+    summary = json.loads(tuned.stdout)
+    assert summary["device"] == "interpret:cpu" and summary["stored"] is True
+    assert summary["best_config"]["BLOCK_M"] in (16, 32, 64, 128, 256)
+    assert summary["best_ms"] > 0 and summary["trials"] == 4
+    listed = tuner("configs", "--kernel", "matmul", "--json", db=db)
+    rows = json.loads(listed.stdout)
+    assert len(rows) == 1
+    assert rows[0]["config"] == summary["best_config"]
+    assert rows[0]["device_key"] == "interpret:cpu"
+    assert rows[0]["shape"] == {"M": 17, "N": 33, "K": 65}
+
+
+def test_tune_with_a_replay_table_prints_a_summary(db):
+    out = tuner("tune", "matmul", "--replay", str(TABLE), "--trials", "20", db=db)
+    assert out.returncode == 0, out.stderr
+    assert "best" in out.stdout and "TFLOP/s" in out.stdout
+    assert "replay:NVIDIA H200" in out.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tune", "nosuchkernel", "--shape", "M=1,N=1,K=1"], "known kernels: matmul"),
+    (["tune", "matmul", "--shape", "M=4096,N=4096"], "missing dimension K"),
+    (["tune", "matmul", "--shape", "M=1,N=1,K=1,Q=2"], "unknown dimension Q"),
+    (["tune", "matmul", "--shape", "M:1,N=1,K=1"], "is not NAME=VALUE"),
+    (["tune", "matmul", "--shape", "M=x,N=1,K=1"], "must be an integer"),
+    (["tune", "matmul", "--shape", "M=0,N=1,K=1"], "between 1 and 65536"),
+    (["tune", "matmul", "--shape", "M=1,N=1,K=100000"], "between 1 and 65536"),
+    (["tune", "matmul", "--shape", "M=1,N=1,K=1", "--dtype", "int7"], "dtype 'int7'"),
+    (["tune", "matmul", "--shape", "M=16,N=16,K=16", "--dtype", "bfloat16",
+      "--backend", "interpret"], "interpret backend"),
+    (["tune", "matmul", "--replay", "/nonexistent/table.json"], "does not exist"),
+    (["tune", "matmul", "--shape", "M=1,N=1,K=1", "--trials", "0"], "at least 1"),
+])
+def test_bad_input_gives_one_clear_line_and_a_nonzero_exit(db, args, message):
+    out = tuner(*args, db=db)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_a_replay_file_that_does_not_parse_is_refused(db, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    out = tuner("tune", "matmul", "--replay", str(bad), db=db)
+    assert out.returncode == 2 and "is not valid JSON" in out.stderr

@@ -67,7 +67,8 @@ def set_calibration(session: Session, device_key: str, copy_gbps: float | None,
 # -- jobs -------------------------------------------------------------------------------------
 
 def request_key(*, kernel: str, kernel_version: str, dtype: str,
-                shapes: Sequence[Mapping[str, int]], budget_trials: int, budget_seconds: float | None, strategy: str, backend: str,
+                shapes: Sequence[Mapping[str, int]], budget_trials: int,
+                budget_seconds: float | None, strategy: str, backend: str,
                 device_key: str | None) -> str:
     payload = json.dumps([kernel, kernel_version, dtype, sorted(shape_key(s) for s in shapes),
                           budget_trials, budget_seconds, strategy, backend, device_key])

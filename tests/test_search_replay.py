@@ -10,7 +10,8 @@ from tuner.backends.replay import ReplayBackend, load_table
 from tuner.measurement import Outcome
 from tuner.search import SearchOptions, run_search
 
-TABLE = Path(__file__).resolve().parents[1] / "tests/data/replay/matmul_4096x4096x4096_float16_h200.json"
+TABLE = (Path(__file__).resolve().parent / "data/replay"
+         / "matmul_4096x4096x4096_float16_h200.json")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The tuning engine: configs, search spaces, the kernel protocol, measurement and search.
 
-The engine core never imports ``api`` or ``db``; the worker, the CLI and the client sit on top of it.
+The engine core never imports ``api`` or ``db``; the worker, the CLI and
+the client sit on top of it.
 """
 
 from tuner.config import KernelConfig

@@ -7,7 +7,6 @@ config exits 1.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence

@@ -57,7 +57,8 @@ def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], 
     if args.shape is None and table is None:
         raise InvalidRequest("--shape is required, e.g. --shape M=4096,N=4096,K=4096",
                              field="shape")
-    shape = validate_shape(kernel.dims, parse_shape(args.shape) if args.shape else table.shape)
+    raw_shape = parse_shape(args.shape) if args.shape else table.shape  # type: ignore[union-attr]
+    shape = validate_shape(kernel.dims, raw_shape)
     dtype = args.dtype or (table.dtype if table else "float16")
     if table is not None and (shape != table.shape or dtype != table.dtype):
         raise InvalidRequest(f"the replay table measured {shape_label(table.shape)} "

@@ -9,7 +9,7 @@ from typing import Any
 from tuner.config import KernelConfig
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     OK = "ok"
     COMPILE_ERROR = "compile_error"
     OUT_OF_RESOURCES = "out_of_resources"

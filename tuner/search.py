@@ -105,10 +105,11 @@ class SearchLoop:
                 return config, False
         wasted = 0
         while wasted < MAX_WASTED_PROPOSALS and not self._exhausted:
-            config = self.strategy.ask()
-            if config is None:
+            asked = self.strategy.ask()
+            if asked is None:
                 self._exhausted = True
                 break
+            config = asked
             if not self.space.contains(config):
                 reason = "outside the measured space"
             else:
@@ -144,8 +145,10 @@ class SearchLoop:
         best = self.best()
         self.tried[measurement.config] = measurement
         self.trials.append(measurement)
-        if measurement.ok and (best is None or best.p50_ms is None or
-                               measurement.p50_ms < best.p50_ms * (1 - self._margin(best))):
+        ms = measurement.p50_ms
+        if measurement.ok and ms is not None and (
+                best is None or best.p50_ms is None
+                or ms < best.p50_ms * (1 - self._margin(best))):
             self._best_at = len(self.trials)
         if self.on_trial is not None:
             self.on_trial(len(self.trials), measurement)

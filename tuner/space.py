@@ -138,7 +138,8 @@ class SearchSpace:
         return tuple(p.index(config[p.name]) for p in self.params)
 
     def decode(self, coords: Sequence[int]) -> KernelConfig:
-        return KernelConfig({p.name: p.values[i] for p, i in zip(self.params, coords, strict=True)})
+        pairs = zip(self.params, coords, strict=True)
+        return KernelConfig({p.name: p.values[i] for p, i in pairs})
 
     def restricted_to(self, configs: Iterable[KernelConfig]) -> SearchSpace:
         """The same parameters, limited to ``configs`` (which must use only known values)."""

@@ -185,7 +185,8 @@ class _StopCheck:
 
     def __init__(self, factory: SessionFactory, job_id: str, task_id: int,
                  heartbeat: Callable[[], bool] | None) -> None:
-        self.factory, self.job_id, self.task_id, self.heartbeat = factory, job_id, task_id, heartbeat
+        self.factory, self.job_id, self.task_id = factory, job_id, task_id
+        self.heartbeat = heartbeat
         self.last = 0.0
         self.status = "cancelled"
 

@@ -195,7 +195,6 @@ def calibrate(state: ChildState) -> dict[str, float | None]:
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
     copy_gbps = 2 * n / (ms * 1e-3) / 1e9
-    del src, dst
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200)

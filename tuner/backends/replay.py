@@ -49,7 +49,8 @@ def load_table(path: str | Path) -> ReplayTable:
 
 def parse_table(data: Any, where: str = "replay table") -> ReplayTable:
     if not isinstance(data, dict) or data.get("format") != "replay-v1":
-        raise ReplayTableError(f"{where}: not a replay-v1 table (\"format\" must be \"replay-v1\")")
+        raise ReplayTableError(f"{where}: not a replay-v1 table "
+                               "(\"format\" must be \"replay-v1\")")
     try:
         results: dict[KernelConfig, float | str] = {}
         for entry in data["results"]:

@@ -357,3 +357,40 @@ def nearest_best(session: Session, *, device_key: str, kernel: str, dtype: str,
         return None
     best = min(rows, key=lambda r: (shape_distance(r.shape, shape), -r.updated_at.timestamp()))
     return best, shape_distance(best.shape, shape)
+
+
+def shape_key_of(shape: Mapping[str, int]) -> str:
+    return shape_key(shape)
+
+
+def single_gpu_device_key(session: Session) -> str | None:
+    """The one real GPU device this service knows, when there is exactly one."""
+    keys = list(session.scalars(select(Device.key).where(Device.kind == "cuda")))
+    return keys[0] if len(keys) == 1 else None
+
+
+def answer_tuned_tasks(session: Session, job: Job) -> int:
+    """Mark the job's tasks whose shape is already tuned on the target device (the job's, or
+    the only GPU this service knows) as succeeded from the store. Returns how many."""
+    device_key = job.device_key or single_gpu_device_key(session)
+    if device_key is None:
+        return 0
+    answered = 0
+    for task in job.tasks:
+        best = get_best(session, device_key=device_key, kernel=job.kernel, dtype=job.dtype,
+                        shape_key=task.shape_key, kernel_version=job.kernel_version)
+        if best is None:
+            continue
+        task.status, task.device_key, task.finished_at = "succeeded", device_key, utcnow()
+        task.best_ms, task.best_config = best.p50_ms, dict(best.config)
+        task.error = None
+        answered += 1
+    _settle_job(session, job)
+    session.flush()
+    return answered
+
+
+def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int]) -> None:
+    """The task's final best, after the finalists were re-timed side by side."""
+    task = get_task(session, task_id)
+    task.best_ms, task.best_config = ms, dict(config)

@@ -157,6 +157,7 @@ def _store_best(factory: SessionFactory, task_id: int, kernel: Any, shape: dict[
         return False
     seconds = best.p50_ms * 1e-3
     with factory() as session:
+        repo.set_task_best(session, task_id, best.p50_ms, best.config.to_dict())
         _row, written = repo.store_best(
             session, device_key=fp.key, kernel=kernel.name, kernel_version=kernel.version,
             dtype=dtype, shape=shape, triton_version=fp.triton_version or "",

@@ -1,0 +1,55 @@
+"""The FastAPI application: ``create_app(settings)``; ``api.app:app`` for uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+
+from api import errors
+from api.routes import configs, health, jobs, kernels
+from db.engine import init_db
+from tuner.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.session_factory = init_db(settings.resolved_database_url)
+        yield
+
+    app = FastAPI(title="triton-tuner", version="0.1.0", lifespan=lifespan,
+                  description="Autotuning service for Triton kernels")
+    app.state.settings = settings
+    app.state.worker_health = {}
+    api = APIRouter(prefix="/api/v1")
+    for module in (jobs, configs, kernels):
+        api.include_router(module.router)
+    app.include_router(api)
+    app.include_router(health.router)
+    errors.install(app)
+    _mount_dashboard(app)
+    return app
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    import importlib
+
+    try:
+        dashboard = importlib.import_module("api.dashboard")
+    except ModuleNotFoundError:
+        return
+    dashboard.install(app)
+
+
+def __getattr__(name: str) -> Any:
+    # ``uvicorn api.app:app`` builds the app from the environment on first access only, so
+    # importing this module (tests, tools) never reads settings or opens a database.
+    if name == "app":
+        globals()["app"] = create_app()
+        return globals()["app"]
+    raise AttributeError(name)

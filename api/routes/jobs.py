@@ -1,0 +1,111 @@
+"""Tuning jobs: submit, list, inspect, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Response
+
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.schemas import (
+    JobCreate,
+    JobCreated,
+    JobPublic,
+    JobsPublic,
+    TaskPublic,
+    TrialPublic,
+    TrialsPublic,
+)
+from api.validation import check_dtype, check_shape, check_strategy, kernel_or_error
+from db import repo
+from db.models import Job
+from tuner.errors import InvalidRequest
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def job_url(job_id: str) -> str:
+    return f"/api/v1/jobs/{job_id}"
+
+
+def job_public(job: Job) -> JobPublic:
+    tasks = [TaskPublic(id=t.id, shape=t.shape, status=t.status, trials_done=t.trials_done,
+                        budget_trials=job.budget_trials, best_ms=t.best_ms,
+                        best_config=t.best_config, outcome_counts=t.outcome_counts or {},
+                        device=t.device_key, attempts=t.attempts, error=t.error)
+             for t in job.tasks]
+    return JobPublic(id=job.id, kernel=job.kernel, kernel_version=job.kernel_version,
+                     dtype=job.dtype, status=job.status, strategy=job.strategy,
+                     budget_trials=job.budget_trials, budget_seconds=job.budget_seconds,
+                     device=job.device_key, created_at=job.created_at,
+                     started_at=job.started_at, finished_at=job.finished_at, error=job.error,
+                     url=job_url(job.id), tasks=tasks)
+
+
+def _validated_shapes(kernel: Any, body: JobCreate, max_shapes: int) -> list[dict[str, int]]:
+    if len(body.shapes) > max_shapes:
+        raise InvalidRequest(f"a job takes at most {max_shapes} shapes", field="shapes")
+    shapes = [check_shape(kernel, s, f"shapes.{i}") for i, s in enumerate(body.shapes)]
+    return list({repo.shape_key_of(s): s for s in shapes}.values())
+
+
+@router.post("", status_code=202, response_model=JobCreated, dependencies=[WriteAccess])
+def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
+               response: Response) -> JobCreated:
+    """Queue a tuning job (one task per shape). An identical queued or running job is returned
+    instead of a new one; shapes already tuned for the target device are answered from the
+    store (their tasks are created as succeeded) unless ``force``."""
+    kernel = kernel_or_error(body.kernel)
+    check_dtype(kernel, body.dtype)
+    check_strategy(body.strategy)
+    if body.budget.trials > settings.max_trials:
+        raise InvalidRequest(f"budget.trials {body.budget.trials} is above this service's "
+                             f"limit of {settings.max_trials}", field="budget.trials")
+    shapes = _validated_shapes(kernel, body, settings.max_shapes_per_job)
+    fields: dict[str, Any] = dict(
+        kernel=kernel.name, kernel_version=kernel.version, dtype=body.dtype, shapes=shapes,
+        budget_trials=body.budget.trials, budget_seconds=body.budget.seconds,
+        strategy=body.strategy, backend=body.backend, device_key=body.device)
+    duplicate = repo.find_active_duplicate(session, repo.request_key(**fields))
+    if duplicate is not None:
+        response.status_code = 200
+        return JobCreated(id=duplicate.id, status=duplicate.status, url=job_url(duplicate.id),
+                          deduplicated=True)
+    job = repo.create_job(session, **fields, force=body.force, seed=body.seed)
+    answered = 0 if body.force else repo.answer_tuned_tasks(session, job)
+    session.commit()
+    return JobCreated(id=job.id, status=job.status, url=job_url(job.id),
+                      answered_from_store=answered)
+
+
+@router.get("", response_model=JobsPublic, dependencies=[ReadAccess])
+def list_jobs(session: SessionDep, status: str | None = None, kernel: str | None = None,
+              limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> JobsPublic:
+    jobs, total = repo.list_jobs(session, status=status, kernel=kernel, limit=limit,
+                                 offset=offset)
+    return JobsPublic(data=[job_public(j) for j in jobs], count=total)
+
+
+@router.get("/{job_id}", response_model=JobPublic, dependencies=[ReadAccess])
+def get_job(job_id: str, session: SessionDep) -> JobPublic:
+    return job_public(repo.get_job(session, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteAccess])
+def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
+    job = repo.cancel_job(session, job_id)
+    session.commit()
+    return job_public(job)
+
+
+@router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialsPublic,
+            dependencies=[ReadAccess])
+def task_trials(job_id: str, task_id: int, session: SessionDep) -> TrialsPublic:
+    task = repo.get_task(session, task_id)
+    if task.job_id != job_id:
+        raise repo.NotFound(f"job {job_id} has no task {task_id}")
+    trials = repo.trials_for_task(session, task_id)
+    data = [TrialPublic(number=t.number, config=t.config, outcome=t.outcome, p20_ms=t.p20_ms,
+                        p50_ms=t.p50_ms, p80_ms=t.p80_ms, error=t.error, compile_s=t.compile_s)
+            for t in trials]
+    return TrialsPublic(task_id=task_id, data=data, count=len(data))

@@ -72,3 +72,12 @@ def init_db(url: str) -> sessionmaker[Session]:
         upgrade(engine)
         _FACTORIES[url] = make_session_factory(engine)
     return _FACTORIES[url]
+
+
+def dispose(url: str) -> None:
+    """Close the pooled connections of ``url``'s engine (tests drop their databases)."""
+    factory = _FACTORIES.pop(url, None)
+    if factory is not None:
+        bind = factory.kw.get("bind")
+        if bind is not None:
+            bind.dispose()

@@ -1,0 +1,44 @@
+"""Shared fixtures: a real database per test, on SQLite and (when configured) PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+POSTGRES_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
+
+
+def _postgres_database() -> Iterator[str]:
+    assert POSTGRES_URL is not None
+    admin_url = POSTGRES_URL.rsplit("/", 1)[0] + "/postgres"
+    name = f"tuner_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url.replace("postgresql://", "postgresql+psycopg://"),
+                          isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        from db.engine import dispose
+
+        dispose(POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database URL: a SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    if not POSTGRES_URL:
+        pytest.skip("TUNER_TEST_POSTGRES_URL is not set (scripts/test.sh sets it when a "
+                    "PostgreSQL server answers)")
+    yield from _postgres_database()

@@ -61,7 +61,7 @@ def main() -> None:
              "", "| shape | dtype | best config | tuned ms | TFLOP/s | torch.matmul ms | "
              "torch TFLOP/s | tuned / torch time | trials (outcomes) | job wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for shape, dtype, cmd, s, wall in rows:
+    for shape, dtype, _cmd, s, wall in rows:
         ref = torch_ms(shape, dtype)
         flops = s["tflops"] * s["best_ms"] if s.get("tflops") else None
         ref_tflops = flops / ref if flops else float("nan")

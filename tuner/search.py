@@ -36,8 +36,10 @@ class SearchOptions:
     seed: int = 0
     strategy: str = "auto"
     time_budget_s: float | None = None
-    #: configs asked ahead of measuring (lets a compile pool work on the next ones)
-    batch_size: int = 1
+    #: configs asked ahead of measuring (lets a compile pool work on the next ones); None:
+    #: the backend's preferred batch (its compile pool size), at most 4 for model-based
+    #: strategies, which learn less from a batch asked before any of it was measured
+    batch_size: int | None = None
     #: tried first, in order (stored bests of nearby shapes, then the kernel's known-good configs)
     warm_start: Sequence[KernelConfig] = ()
     #: trials already measured (a resumed task); they count against the budget
@@ -182,7 +184,7 @@ class SearchLoop:
             self.trials.append(m)
         reason = self._stop_reason(started)
         while reason is None:
-            room = min(self.options.batch_size, self.options.trials - len(self.trials))
+            room = min(self._batch_size(), self.options.trials - len(self.trials))
             batch = self._next_batch(room)
             if not batch:
                 reason = "space exhausted"
@@ -201,6 +203,12 @@ class SearchLoop:
             feasible_size=len(self._feasible) if self._feasible is not None else -1,
             finalists=finalists,
         )
+
+    def _batch_size(self) -> int:
+        if self.options.batch_size:
+            return self.options.batch_size
+        preferred = int(getattr(self.backend, "preferred_batch", 1))
+        return preferred if self.strategy.systematic else max(1, min(4, preferred))
 
     def _retime_finalists(self) -> list[Measurement]:
         ok = sorted((m for m in self.trials if m.ok), key=lambda m: m.p50_ms or 0.0)

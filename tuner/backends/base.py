@@ -24,8 +24,9 @@ class TimingOptions:
     run_timeout_s: float = 60.0
     #: seconds a fresh child may take to start (import torch, initialise CUDA)
     start_timeout_s: float = 180.0
-    #: deaths in a row after which the device is reported unhealthy
-    max_consecutive_deaths: int = 3
+    #: deaths in a row (no config ran in between) after which the device is reported
+    #: unhealthy; each death is followed by a self-test, so these are bad configs in a row
+    max_consecutive_deaths: int = 8
 
 
 class Backend(Protocol):

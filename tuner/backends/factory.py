@@ -25,7 +25,8 @@ def resolve_backend_kind(kind: str) -> str:
 
 def open_backend(kind: str, kernel: Any, shape: dict[str, int], dtype: str, *, seed: int = 0,
                  replay_table: Any = None, device_index: int = 0,
-                 timing: TimingOptions | None = None) -> Backend:
+                 timing: TimingOptions | None = None,
+                 compile_workers: int | None = None) -> Backend:
     from tuner.backends.process import ProcessBackend
     from tuner.backends.replay import ReplayBackend
 
@@ -35,4 +36,4 @@ def open_backend(kind: str, kernel: Any, shape: dict[str, int], dtype: str, *, s
             raise BackendUnavailable("backend 'replay' needs a replay table (--replay FILE)")
         return ReplayBackend(replay_table)
     return ProcessBackend(kind, kernel.ref, shape, dtype, seed=seed, device_index=device_index,
-                          timing=timing)
+                          timing=timing, compile_workers=compile_workers)

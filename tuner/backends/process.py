@@ -14,11 +14,14 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from tuner.backends.base import TimingOptions
 from tuner.backends.child import child_main
+from tuner.backends.compile_pool import Compiled, CompilePool
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.errors import WorkerDied
@@ -46,7 +49,11 @@ class ChildProcess:
                                    daemon=True, name=f"tuner-{kind}-child")
         self.process.start()
         child_conn.close()
-        reply = self.receive(start_timeout_s)
+        try:
+            reply = self.receive(start_timeout_s)
+        except (_Timeout, _Died) as exc:
+            self.kill()
+            raise WorkerDied(f"the {kind} child did not start: {exc}") from None
         if reply[0] != "ready":
             self.kill()
             raise WorkerDied(f"the {kind} child did not start: {reply[1]}")
@@ -103,7 +110,8 @@ class ProcessBackend:
 
     def __init__(self, kind: str, kernel_ref: str, shape: dict[str, int], dtype: str,
                  seed: int = 0, device_index: int = 0,
-                 timing: TimingOptions | None = None) -> None:
+                 timing: TimingOptions | None = None,
+                 compile_workers: int | None = None) -> None:
         self.kind = kind
         self.kernel_ref, self.shape, self.dtype, self.seed = kernel_ref, shape, dtype, seed
         self.device_index = device_index
@@ -112,6 +120,16 @@ class ProcessBackend:
         self.restarts = 0
         self._child = self._start()
         self.fingerprint: DeviceFingerprint = self._child.fingerprint
+        if compile_workers is None:  # the interpreter has nothing to compile ahead
+            compile_workers = (os.cpu_count() or 1) if kind == "cuda" else 0
+        self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers,
+                                 self.timing.compile_timeout_s, device_index,
+                                 self.timing.start_timeout_s) if compile_workers else None
+
+    @property
+    def preferred_batch(self) -> int:
+        """Configs worth asking ahead: enough to keep the compile pool busy."""
+        return self._pool.size if self._pool is not None else 1
 
     @property
     def healthy(self) -> bool:
@@ -147,7 +165,24 @@ class ProcessBackend:
         return space
 
     def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]:
-        return [self._measure_one(c) for c in configs]
+        """Measure a batch; with a compile pool, the GPU times each config as soon as its
+        compile finished while the pool compiles the rest."""
+        if self._pool is None:
+            return [self._measure_one(c) for c in configs]
+        self._pool.submit(configs)
+        results: dict[KernelConfig, Measurement] = {}
+        ready: deque[Compiled] = deque()
+        while len(results) < len(configs):
+            for done in self._pool.poll(0.0 if ready else 0.2):
+                if done.failure is not None:
+                    results[done.config] = done.failure
+                else:
+                    ready.append(done)
+            if ready:
+                done = ready.popleft()
+                m = self._measure_one(done.config)
+                results[done.config] = replace(m, compile_s=done.seconds)
+        return [results[c] for c in configs]
 
     def _measure_one(self, config: KernelConfig) -> Measurement:
         phase, compile_s = "compile", None
@@ -192,4 +227,6 @@ class ProcessBackend:
         return dict(reply[1]) if reply[0] == "calibration" else {}
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
         self._child.close()

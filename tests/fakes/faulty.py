@@ -1,0 +1,85 @@
+"""A small fake kernel whose configs fail in chosen ways (MODE), for the pipeline tests.
+
+out = a + b, computed with torch on the CPU (no GPU exists here); MODE picks the fault. It goes
+through the real pipeline: the real child process, the real compile pool, real timeouts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from tuner.config import KernelConfig
+from tuner.kernel import Dim, Tolerance
+from tuner.space import Param, SearchSpace
+
+GOOD, EXIT, HANG, STICKY, WRONG, NAN, COMPILE_HANG, COMPILE_ERROR = range(8)
+
+
+class CompilationError(Exception):
+    """Named like Triton's, so that it is classified as a compile error."""
+
+
+class FaultyKernel:
+    name = "faulty"
+    ref = "tests.fakes.faulty:KERNEL"
+    version = "fake-1"
+    dims = (Dim("N", 1, 1 << 20),)
+    dtypes = ("float32",)
+    interpreter_unsupported_dtypes: tuple[str, ...] = ()
+
+    def space(self) -> SearchSpace:
+        return SearchSpace((Param.ints("MODE", range(8)), Param.ints("SLOW", (1, 2, 3))))
+
+    def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
+        return KernelConfig(MODE=GOOD, SLOW=1)
+
+    def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
+        return []
+
+    def make_inputs(self, shape: Mapping[str, int], dtype: str, device: str,
+                    seed: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(seed)
+        a = torch.randn(shape["N"], generator=gen)
+        return {"a": a, "b": torch.randn(shape["N"], generator=gen), "out": torch.empty_like(a)}
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        if config["MODE"] == COMPILE_HANG:
+            time.sleep(3600)
+        if config["MODE"] == COMPILE_ERROR:
+            raise CompilationError("at 3:4: BLOCK must be a power of two")
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        mode = config["MODE"]
+        if mode == EXIT:
+            os._exit(3)
+        if mode == HANG:
+            while True:
+                pass
+        if mode == STICKY:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        time.sleep(config["SLOW"] * 0.002)
+        torch.add(inputs["a"], inputs["b"], out=inputs["out"])
+        if mode == WRONG:
+            inputs["out"][0] += 1.0
+        if mode == NAN:
+            inputs["out"][-1] = float("nan")
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["a"] + inputs["b"]
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        return Tolerance(1e-6, 1e-6)
+
+    def flops(self, shape: Mapping[str, int]) -> float:
+        return float(shape["N"])
+
+    def bytes(self, shape: Mapping[str, int], dtype: str) -> float:
+        return 12.0 * shape["N"]
+
+
+KERNEL = FaultyKernel()

@@ -1,0 +1,121 @@
+"""The measurement pipeline's isolation, through the real child process and compile pool."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.faulty import (
+    COMPILE_ERROR,
+    COMPILE_HANG,
+    EXIT,
+    GOOD,
+    HANG,
+    KERNEL,
+    NAN,
+    STICKY,
+    WRONG,
+)
+from tuner.backends import TimingOptions
+from tuner.backends.process import ProcessBackend
+from tuner.config import KernelConfig
+from tuner.measurement import Outcome
+from tuner.search import SearchOptions, run_search
+
+SHAPE = {"N": 1000}
+FAST = TimingOptions(compile_timeout_s=3, run_timeout_s=3, start_timeout_s=60,
+                     max_consecutive_deaths=10)
+
+
+def cfg(mode: int, slow: int = 1) -> KernelConfig:
+    return KernelConfig(MODE=mode, SLOW=slow)
+
+
+def spawned_children() -> list[int]:
+    """Live processes started by this one through multiprocessing's spawn (resource tracker
+    excluded)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if ppid == me and state != "Z" and "spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def backend():
+    b = ProcessBackend("interpret", KERNEL.ref, SHAPE, "float32", timing=FAST,
+                       compile_workers=2)
+    yield b
+    b.close()
+    assert spawned_children() == [], "a child process was left behind"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("mode", "outcome", "restarts"), [
+    (EXIT, Outcome.CRASH, 1),
+    (HANG, Outcome.TIMEOUT, 1),
+    (STICKY, Outcome.CRASH, 1),
+    (WRONG, Outcome.WRONG_RESULT, 0),
+    (NAN, Outcome.WRONG_RESULT, 0),
+    (COMPILE_HANG, Outcome.TIMEOUT, 0),
+    (COMPILE_ERROR, Outcome.COMPILE_ERROR, 0),
+])
+def test_each_fault_is_classified_and_the_next_config_still_runs(backend, mode, outcome,
+                                                                 restarts):
+    bad, good = backend.measure([cfg(mode), cfg(GOOD)])
+    assert bad.outcome is outcome, bad.error
+    assert backend.restarts == restarts
+    assert good.outcome is Outcome.OK and good.p50_ms and good.p50_ms > 0
+    assert backend.healthy
+
+
+def test_wrong_and_nan_results_say_what_was_wrong(backend):
+    wrong, nan = backend.measure([cfg(WRONG), cfg(NAN)])
+    assert "off the reference" in (wrong.error or "")
+    assert "NaN/Inf" in (nan.error or "")
+
+
+def test_a_compile_timeout_kills_only_that_compile(backend):
+    results = backend.measure([cfg(COMPILE_HANG), cfg(GOOD, 1), cfg(GOOD, 2)])
+    assert [m.outcome for m in results] == [Outcome.TIMEOUT, Outcome.OK, Outcome.OK]
+    assert "compile timed out" in (results[0].error or "")
+    assert backend._pool is not None and backend._pool.kills == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_search_over_faulty_configs_finishes_with_a_verified_best(backend):
+    result = run_search(KERNEL, SHAPE, "float32", backend,
+                        SearchOptions(trials=24, seed=0, strategy="exhaustive", batch_size=4))
+    assert result.best is not None and result.best.config["MODE"] == GOOD
+    outcomes = {m.config["MODE"]: m.outcome for m in result.trials}
+    assert outcomes[EXIT] is Outcome.CRASH and outcomes[HANG] is Outcome.TIMEOUT
+    assert outcomes[COMPILE_HANG] is Outcome.TIMEOUT
+    assert len(result.trials) == 24
+
+
+def test_repeated_deaths_mark_the_device_unhealthy():
+    timing = TimingOptions(compile_timeout_s=3, run_timeout_s=3, start_timeout_s=60,
+                           max_consecutive_deaths=2)
+    b = ProcessBackend("interpret", KERNEL.ref, SHAPE, "float32", timing=timing,
+                       compile_workers=0)
+    try:
+        from tuner.errors import WorkerDied
+
+        b.measure([cfg(EXIT)])
+        with pytest.raises(WorkerDied):
+            b.measure([cfg(EXIT, 2)])
+        assert not b.healthy
+    finally:
+        b.close()
+    assert spawned_children() == []

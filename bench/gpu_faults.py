@@ -53,7 +53,7 @@ class FaultyCopy:
     interpreter_unsupported_dtypes: tuple[str, ...] = ()
 
     def space(self) -> SearchSpace:
-        return SearchSpace((Param.ints("MODE", (0, 1, 2)), Param.pow2("BLOCK", 256, 2048),
+        return SearchSpace((Param.ints("MODE", (0, 1, 2)), Param.pow2("BLOCK", 512, 1024),
                             Param.ints("num_warps", (4,)), Param.ints("num_stages", (2,))))
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
@@ -101,13 +101,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     shape = {"N": 1 << 24}
-    timing = TimingOptions(compile_timeout_s=60, run_timeout_s=10, max_consecutive_deaths=8)
+    timing = TimingOptions(compile_timeout_s=60, run_timeout_s=10, max_consecutive_deaths=20)
     t0 = time.monotonic()
     backend = ProcessBackend("cuda", KERNEL.ref, shape, "float32", timing=timing,
                              compile_workers=4)
     try:
         result = run_search(KERNEL, shape, "float32", backend,
-                            SearchOptions(trials=12, strategy="exhaustive", batch_size=4))
+                            SearchOptions(trials=6, strategy="exhaustive", batch_size=3))
         restarts = backend.restarts
     finally:
         backend.close()

@@ -68,7 +68,8 @@ def main() -> None:
     args = ap.parse_args()
     kernel = get_kernel("matmul")
     timing = TimingOptions(warmup_ms=5, rep_ms=20, compile_timeout_s=60, run_timeout_s=20)
-    tables = []
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     for i in map(int, args.shapes.split(",")):
         shape, dtype = SHAPES[i]
         configs = kernel.space().feasible(ProblemContext(shape, dtype))
@@ -76,17 +77,14 @@ def main() -> None:
         note = (f"pipeline: triton.testing.do_bench(warmup=5 ms, rep=20 ms), median ms, randn "
                 f"inputs, L2 flushed; output verified first; {len(configs)} configs in "
                 f"{wall:.0f} s, GPU busy {busy:.0%}")
-        tables.append((shape, dtype, table_of(shape, dtype, ms, fp, note)))
-        print(f"{shape} {dtype}: {len(configs)} configs in {wall:.1f} s", flush=True)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for shape, dtype, table in tables:
+        table = table_of(shape, dtype, ms, fp, note)
         table["reference_ms"] = {"torch.matmul (cuBLAS)": round(torch_ms(shape, dtype), 6)}
         name = f"matmul_{shape['M']}x{shape['N']}x{shape['K']}_{dtype}_h200.json"
         (out / name).write_text(json.dumps(table, indent=0))
         ok = [r["ms"] for r in table["results"] if "ms" in r]
-        print(f"{name}: best {min(ok):.4f} ms, median {sorted(ok)[len(ok) // 2]:.4f} ms, "
-              f"torch {table['reference_ms']}", flush=True)
+        print(f"{name}: {len(configs)} configs in {wall:.1f} s (GPU busy {busy:.0%}); best "
+              f"{min(ok):.4f} ms, median {sorted(ok)[len(ok) // 2]:.4f} ms, torch "
+              f"{table['reference_ms']}", flush=True)
     print(f"done at {time.strftime('%H:%M:%S')}")
 
 

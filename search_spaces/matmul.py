@@ -103,6 +103,17 @@ def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
+def _accumulator_registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # The fp32 accumulator alone takes BLOCK_M * BLOCK_N / (32 * num_warps) registers per
+    # thread; a thread has at most 255. Beyond 256 it spills massively: on the H200, the twelve
+    # 256x256 tiles with 2 warps (1,024 registers) each took over 60 s to compile and were
+    # killed (bench/results/NOTES), while 128x256 with 4 warps (256) compiles and runs.
+    regs = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config["num_warps"])
+    if regs > 256:
+        return f"the accumulator needs {regs} registers per thread (a thread has 255)"
+    return None
+
+
 def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
     # A tile larger than the (power-of-two padded) problem only computes masked zeros; the
     # smaller tile with the same other parameters does the same work with fewer resources.
@@ -148,7 +159,7 @@ class MatmulKernel:
                 Param.pow2("num_warps", 2, 8),
                 Param.ints("num_stages", (2, 3, 4, 5)),
             ),
-            constraints=(_shared_memory, _redundant_tile),
+            constraints=(_shared_memory, _accumulator_registers, _redundant_tile),
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:

@@ -224,7 +224,7 @@ def _serve(conn: Any, state: ChildState) -> None:
     while True:
         try:
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the parent went away
             return
         op = msg[0]
         try:

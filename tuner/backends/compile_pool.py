@@ -40,23 +40,29 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
     from tuner.kernel import load_ref
 
     kernel = load_ref(kernel_ref)
+    compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
     inputs = kernel.make_inputs(shape, dtype, "cuda" if kind == "cuda" else "cpu", 0)
     conn.send(("ready",))
     while True:
         try:
             config = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if config is None:
             return
         t0 = time.perf_counter()
         try:
-            kernel.compile(config, inputs)
-            conn.send(("ok", config, time.perf_counter() - t0, None, None))
+            if compile_fn is not None:
+                compile_fn(config, inputs)
+            reply = ("ok", config, time.perf_counter() - t0, None, None)
         except Exception as exc:  # noqa: BLE001 - a failed compile is an outcome
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            conn.send(("failed", config, time.perf_counter() - t0,
-                       classify_exception(exc).value, text[-4000:]))
+            reply = ("failed", config, time.perf_counter() - t0,
+                     classify_exception(exc).value, text[-4000:])
+        try:
+            conn.send(reply)
+        except OSError:  # the parent closed the pool while we compiled
+            return
 
 
 @dataclass

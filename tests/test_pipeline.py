@@ -52,12 +52,29 @@ def spawned_children() -> list[int]:
     return found
 
 
+def pids_of(b: ProcessBackend) -> list[int]:
+    """Every process the backend started: GPU children (restarts included) and compile pool."""
+    return list(b.child_pids) + (list(b._pool.pids) if b._pool is not None else [])
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 @pytest.fixture
 def backend():
+    # The interpreter has nothing to compile ahead; the pool is enabled here so that its
+    # timeouts and error paths run for real.
     b = ProcessBackend("interpret", KERNEL.ref, SHAPE, "float32", timing=FAST,
                        compile_workers=2)
     yield b
+    pids = pids_of(b)
     b.close()
+    assert [p for p in pids if alive(p)] == [], "a process the backend started is alive"
     assert spawned_children() == [], "a child process was left behind"
 
 
@@ -119,3 +136,42 @@ def test_repeated_deaths_mark_the_device_unhealthy():
     finally:
         b.close()
     assert spawned_children() == []
+
+
+def test_a_hang_kills_the_child_with_its_process_group(backend):
+    first = backend._child.process.pid
+    (bad,) = backend.measure([cfg(HANG)])
+    assert bad.outcome is Outcome.TIMEOUT and "run timed out" in (bad.error or "")
+    assert not alive(first) and backend._child.process.pid != first
+
+
+def test_duplicates_in_a_batch_are_measured_once(backend):
+    a, b, c = backend.measure([cfg(GOOD), cfg(GOOD), cfg(GOOD, 2)])
+    assert a is b and a.ok and c.ok
+
+
+def test_preferred_batch_follows_the_pool(backend):
+    assert backend.preferred_batch == 2
+
+
+def test_calibrate_answers_on_the_interpreter(backend):
+    assert backend.calibrate() == {"copy_gbps": None, "matmul_tflops": None}
+
+
+def test_retime_interleaves_and_survives(backend):
+    ok = backend.measure([cfg(GOOD, 1), cfg(GOOD, 3)])
+    retimed = backend.retime([m.config for m in ok], rounds=3)
+    assert [m.config for m in retimed] == [m.config for m in ok]
+    assert all(m.ok and m.p20_ms <= m.p50_ms <= m.p80_ms for m in retimed)
+    # a config that hangs while re-timed: the child is replaced and the caller keeps its timings
+    assert backend.retime([cfg(HANG)], rounds=1) == []
+    assert backend.measure([cfg(GOOD, 2)])[0].ok
+
+
+@pytest.mark.timeout(300)
+def test_search_with_the_backends_preferred_batch(backend):
+    """batch_size None: the loop asks preferred_batch configs ahead (the pool size)."""
+    result = run_search(KERNEL, SHAPE, "float32", backend,
+                        SearchOptions(trials=12, seed=1, strategy="exhaustive"))
+    assert result.best is not None and result.best.config["MODE"] == GOOD
+    assert len({m.config for m in result.trials}) == len(result.trials) == 12

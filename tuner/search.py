@@ -217,6 +217,8 @@ class SearchLoop:
             return top
         retimed = self.backend.retime([m.config for m in top], self.options.retime_rounds)
         by_config = {m.config: m for m in top}
+        if {r.config for r in retimed} != set(by_config):  # re-timing failed: first timings
+            return top
         return [replace(r, compile_s=by_config[r.config].compile_s,
                         max_error=by_config[r.config].max_error) for r in retimed]
 

@@ -18,6 +18,12 @@ class TimingOptions:
 
     warmup_ms: float = 10.0
     rep_ms: float = 40.0
+    #: adaptive timing: once a config has been fully timed, each later one is first timed
+    #: quickly (do_bench with this rep, warm-up a fifth of it); one whose quick median is over
+    #: ``quick_factor`` x the best full median so far keeps that quick timing (it cannot win,
+    #: and its p20/p80 still show its noise); the others are then timed in full. 0: off.
+    quick_rep_ms: float = 5.0
+    quick_factor: float = 2.0
     #: seconds one config may spend compiling before it is recorded as a timeout
     compile_timeout_s: float = 120.0
     #: seconds one config may spend verifying and timing before it is recorded as a timeout

@@ -4,9 +4,13 @@ while the GPU child times earlier ones.
 Each pool process loads the kernel by reference, builds one set of inputs with the problem's
 shapes and strides (so the compiled specialisation is exactly the one the GPU child will launch),
 and calls ``kernel.compile(config, inputs)``. The GPU child then finds the binary in the cache.
-A compile that outlives its timeout has its process (and the compiler processes it started)
-killed and replaced; the config is recorded as a ``timeout``. Compile errors and
-OutOfResources are returned as outcomes and never reach the GPU.
+A compile that outlives its timeout has its process (and the compiler processes it started:
+each pool process leads its own process group) killed and replaced; the config is recorded as a
+``timeout``. Compile errors and OutOfResources are returned as outcomes and never reach the GPU.
+
+A supervisor thread in the parent hands out work, collects finished compiles and enforces the
+timeouts, so the pool keeps compiling while the parent waits on the GPU child. Pool processes run
+at a lower CPU priority (nice) than the GPU child, which must never wait for a core.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
+import threading
 import time
 import traceback
 from collections import deque
@@ -28,10 +34,26 @@ from tuner.measurement import Measurement, Outcome
 
 log = logging.getLogger(__name__)
 
+#: how much lower than the GPU child the compile processes run (os.nice increment)
+POOL_NICENESS = 5
+
+
+def default_pool_size() -> int:
+    """One compile process per usable CPU core, less one for the GPU child and the parent."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
 
 def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, int],
                dtype: str, device_index: int) -> None:
-    os.setpgrp()
+    os.setpgrp()  # the parent kills a timed-out compile together with the compilers it started
+    try:
+        os.nice(POOL_NICENESS)
+    except OSError:
+        pass
     if kind == "interpret":
         os.environ["TRITON_INTERPRET"] = "1"
     else:
@@ -39,9 +61,13 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
     from tuner.backends.child import classify_exception
     from tuner.kernel import load_ref
 
-    kernel = load_ref(kernel_ref)
-    compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
-    inputs = kernel.make_inputs(shape, dtype, "cuda" if kind == "cuda" else "cpu", 0)
+    try:
+        kernel = load_ref(kernel_ref)
+        compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
+        inputs = kernel.make_inputs(shape, dtype, "cuda" if kind == "cuda" else "cpu", 0)
+    except Exception as exc:  # noqa: BLE001
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
     conn.send(("ready",))
     while True:
         try:
@@ -51,6 +77,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         if config is None:
             return
         t0 = time.perf_counter()
+        reply: tuple[str, KernelConfig, float, str | None, str | None]
         try:
             if compile_fn is not None:
                 compile_fn(config, inputs)
@@ -81,21 +108,47 @@ class Compiled:
 
 
 class CompilePool:
+    """``submit`` configs; ``poll`` returns them as their compiles finish (in that order)."""
+
     def __init__(self, kind: str, kernel_ref: str, shape: dict[str, int], dtype: str,
                  size: int, timeout_s: float, device_index: int = 0,
-                 start_timeout_s: float = 180.0) -> None:
+                 start_timeout_s: float = 180.0, wait_ready: bool = True) -> None:
         self._args = (kind, kernel_ref, shape, dtype, device_index)
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self._ctx = mp.get_context("spawn")
         self._slots = [self._spawn() for _ in range(max(1, size))]
-        for slot in self._slots:
-            self._await_ready(slot)
         self._queue: deque[KernelConfig] = deque()
+        self._done: queue.Queue[Compiled] = queue.Queue()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
         self.kills = 0
+        #: pids of every pool process ever started (tests check that none is left behind)
+        self.pids: list[int] = [s.process.pid for s in self._slots]
+        if wait_ready:
+            self.wait_ready()
 
     @property
     def size(self) -> int:
         return len(self._slots)
+
+    def wait_ready(self) -> None:
+        """Wait for every pool process to load the kernel, then start supervising."""
+        if self._thread is not None:
+            return
+        try:
+            for slot in self._slots:
+                self._await_ready(slot)
+        except Exception:
+            self._closed = True
+            for slot in self._slots:
+                _kill(slot.process)
+                slot.conn.close()
+            raise
+        self._thread = threading.Thread(target=self._supervise, name="tuner-compile-pool",
+                                        daemon=True)
+        self._thread.start()
 
     def _spawn(self) -> _Slot:
         parent, child = self._ctx.Pipe()
@@ -106,36 +159,71 @@ class CompilePool:
         return _Slot(process, parent)
 
     def _await_ready(self, slot: _Slot) -> None:
-        if not slot.conn.poll(self.start_timeout_s):
-            raise RuntimeError("a compile process did not start in time")
-        slot.conn.recv()
+        try:
+            if not slot.conn.poll(self.start_timeout_s):
+                raise RuntimeError("a compile process did not start in time")
+            reply = slot.conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError("a compile process died while starting") from None
+        if reply[0] != "ready":
+            raise RuntimeError(f"a compile process failed to start: {reply[1]}")
 
     def submit(self, configs: Iterable[KernelConfig]) -> None:
-        self._queue.extend(configs)
-        self._dispatch()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._queue) or any(s.config is not None for s in self._slots)
-
-    def _dispatch(self) -> None:
-        for slot in self._slots:
-            if slot.config is None and self._queue:
-                slot.config, slot.started = self._queue.popleft(), time.monotonic()
-                slot.conn.send(slot.config)
+        with self._lock:
+            self._queue.extend(configs)
+        self._wake.set()
 
     def poll(self, timeout_s: float) -> list[Compiled]:
         """Finished compiles (waiting at most ``timeout_s`` for the first one)."""
+        out: list[Compiled] = []
+        try:
+            out.append(self._done.get(timeout=timeout_s) if timeout_s > 0
+                       else self._done.get_nowait())
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    # -- the supervisor thread ---------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        while not self._closed:
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 - never let the pool stop silently
+                log.exception("compile pool supervisor")
+                time.sleep(0.1)
+
+    def _step(self) -> None:
+        self._dispatch()
         busy = [s for s in self._slots if s.config is not None]
         if not busy:
-            return []
-        ready = wait([s.conn for s in busy], timeout=timeout_s)
-        done = [self._harvest(s) for s in busy if s.conn in ready]
-        done += self._expire_overdue()
-        self._dispatch()
-        return [d for d in done if d is not None]
+            self._wake.wait(0.5)
+            self._wake.clear()
+            return
+        now = time.monotonic()
+        nearest = min(s.started + self.timeout_s for s in busy) - now
+        ready = wait([s.conn for s in busy], timeout=max(0.0, min(nearest, 0.1)))
+        for slot in busy:
+            if slot.conn in ready:
+                self._done.put(self._harvest(slot))
+        for compiled in self._expire_overdue():
+            self._done.put(compiled)
 
-    def _harvest(self, slot: _Slot) -> Compiled | None:
+    def _dispatch(self) -> None:
+        with self._lock:
+            for slot in self._slots:
+                if slot.config is None and self._queue:
+                    slot.config, slot.started = self._queue.popleft(), time.monotonic()
+                    try:
+                        slot.conn.send(slot.config)
+                    except (BrokenPipeError, OSError):
+                        pass  # found dead when harvested
+
+    def _harvest(self, slot: _Slot) -> Compiled:
         config = slot.config
         assert config is not None
         try:
@@ -166,12 +254,23 @@ class CompilePool:
     def _replace(self, slot: _Slot) -> None:
         _kill(slot.process)
         slot.conn.close()
-        fresh = self._spawn()
-        self._await_ready(fresh)
-        slot.process, slot.conn, slot.config = fresh.process, fresh.conn, None
+        slot.config = None
         self.kills += 1
+        if self._closed:
+            return
+        fresh = self._spawn()
+        self.pids.append(fresh.process.pid)
+        slot.process, slot.conn = fresh.process, fresh.conn
+        try:
+            self._await_ready(slot)
+        except RuntimeError as exc:  # try again on the next death; the others keep going
+            log.error("could not replace a compile process: %s", exc)
 
     def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
         for slot in self._slots:
             try:
                 slot.conn.send(None)

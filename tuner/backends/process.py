@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Any
 
 from tuner.backends.base import TimingOptions
-from tuner.backends.child import child_main
-from tuner.backends.compile_pool import Compiled, CompilePool
+from tuner.backends.child import child_main, is_sticky
+from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.errors import WorkerDied
@@ -118,17 +118,33 @@ class ProcessBackend:
         self.timing = timing or TimingOptions()
         self.consecutive_deaths = 0
         self.restarts = 0
-        self._child = self._start()
-        self.fingerprint: DeviceFingerprint = self._child.fingerprint
+        #: fastest fully timed p50 so far: configs far slower get only a quick timing
+        self.best_ms: float | None = None
+        #: pids of every GPU child started (restarts included)
+        self.child_pids: list[int] = []
         if compile_workers is None:  # the interpreter has nothing to compile ahead
-            compile_workers = (os.cpu_count() or 1) if kind == "cuda" else 0
+            compile_workers = default_pool_size() if kind == "cuda" else 0
+        # The pool's processes start (import torch, load the kernel) while the child does.
         self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers,
                                  self.timing.compile_timeout_s, device_index,
-                                 self.timing.start_timeout_s) if compile_workers else None
+                                 self.timing.start_timeout_s,
+                                 wait_ready=False) if compile_workers else None
+        try:
+            self._child = self._start()
+            if self._pool is not None:
+                self._pool.wait_ready()
+        except BaseException:
+            if self._pool is not None:
+                self._pool.close()
+            if hasattr(self, "_child"):
+                self._child.kill()
+            raise
+        self.fingerprint: DeviceFingerprint = self._child.fingerprint
 
     @property
     def preferred_batch(self) -> int:
-        """Configs worth asking ahead: enough to keep the compile pool busy."""
+        """Configs worth asking ahead: enough to keep the compile pool busy (the search
+        loop's default batch_size)."""
         return self._pool.size if self._pool is not None else 1
 
     @property
@@ -137,6 +153,8 @@ class ProcessBackend:
 
     def _start(self) -> ChildProcess:
         child = ChildProcess(self.kind, self.device_index, self.timing.start_timeout_s)
+        if child.process.pid is not None:
+            self.child_pids.append(child.process.pid)
         try:
             child.send(("setup", self.kernel_ref, self.shape, self.dtype, self.seed))
             reply = child.receive(self.timing.start_timeout_s)
@@ -156,9 +174,14 @@ class ProcessBackend:
             raise WorkerDied(f"the {self.kind} device died {self.consecutive_deaths} times in a "
                              f"row; last: {why}")
         self._child = self._start()
-        self._child.send(("selftest",))
-        reply = self._child.receive(self.timing.run_timeout_s)
+        try:
+            self._child.send(("selftest",))
+            reply = self._child.receive(self.timing.run_timeout_s)
+        except (_Timeout, _Died) as exc:
+            reply = ("error", str(exc))
         if reply[0] != "ok":
+            self._child.kill()
+            self.consecutive_deaths = self.timing.max_consecutive_deaths
             raise WorkerDied(f"the restarted {self.kind} child failed its self-test: {reply[1]}")
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
@@ -167,13 +190,18 @@ class ProcessBackend:
     def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]:
         """Measure a batch; with a compile pool, the GPU times each config as soon as its
         compile finished while the pool compiles the rest."""
+        unique = list(dict.fromkeys(configs))
         if self._pool is None:
-            return [self._measure_one(c) for c in configs]
-        self._pool.submit(configs)
+            by_config = {c: self._measure_one(c) for c in unique}
+            return [by_config[c] for c in configs]
+        self._pool.submit(unique)
+        wanted = set(unique)
         results: dict[KernelConfig, Measurement] = {}
         ready: deque[Compiled] = deque()
-        while len(results) < len(configs):
-            for done in self._pool.poll(0.0 if ready else 0.2):
+        while len(results) < len(unique):
+            for done in self._pool.poll(0.0 if ready else 0.5):
+                if done.config not in wanted or done.config in results:
+                    continue  # left over from an earlier, abandoned batch
                 if done.failure is not None:
                     results[done.config] = done.failure
                 else:
@@ -182,12 +210,13 @@ class ProcessBackend:
                 done = ready.popleft()
                 m = self._measure_one(done.config)
                 results[done.config] = replace(m, compile_s=done.seconds)
+                wanted.discard(done.config)
         return [results[c] for c in configs]
 
     def _measure_one(self, config: KernelConfig) -> Measurement:
         phase, compile_s = "compile", None
         try:
-            self._child.send(("measure", config, self.timing))
+            self._child.send(("measure", config, self.timing, self.best_ms))
             reply = self._child.receive(self.timing.compile_timeout_s)
             if reply[0] == "compiled":
                 phase, compile_s = "run", reply[1]
@@ -201,7 +230,9 @@ class ProcessBackend:
             self.consecutive_deaths += 1
             self._restart(f"{config.key()} killed the child: {exc}")
             return Measurement(config, Outcome.CRASH, error=str(exc), compile_s=compile_s)
-        if reply[0] == "error":
+        if reply[0] == "error":  # the child's own machinery failed; be safe: fresh child
+            self.consecutive_deaths += 1
+            self._restart(f"{config.key()}: {reply[1]}")
             return Measurement.failure(config, Outcome.CRASH, str(reply[1]))
         measurement: Measurement = reply[1]
         if reply[2]:  # sticky CUDA error: the context is unusable from now on
@@ -209,24 +240,47 @@ class ProcessBackend:
             self._restart(f"{config.key()} left a sticky CUDA error")
         else:
             self.consecutive_deaths = 0
+        if measurement.ok and not measurement.extra.get("quick") and measurement.p50_ms and (
+                self.best_ms is None or measurement.p50_ms < self.best_ms):
+            self.best_ms = measurement.p50_ms
         return measurement
 
     def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
+        """Re-time configs that already ran; [] (the caller keeps its first timings) if that
+        fails, after replacing the child."""
         if not configs:
             return []
-        self._child.send(("retime", list(configs), rounds, self.timing))
         limit = self.timing.run_timeout_s * max(1, len(configs)) * max(1, rounds) / 4
-        reply = self._child.receive(max(limit, self.timing.run_timeout_s))
+        try:
+            self._child.send(("retime", list(configs), rounds, self.timing))
+            reply = self._child.receive(max(limit, self.timing.run_timeout_s))
+        except (_Timeout, _Died) as exc:
+            reply = ("error", str(exc))
         if reply[0] != "results":
-            raise WorkerDied(f"re-timing failed: {reply[1]}")
+            log.warning("re-timing the finalists failed: %s", reply[1])
+            self._restart(f"re-timing failed: {reply[1]}")
+            return []
         return list(reply[1])
 
     def calibrate(self) -> dict[str, float | None]:
-        self._child.send(("calibrate",))
-        reply = self._child.receive(300)
-        return dict(reply[1]) if reply[0] == "calibration" else {}
+        """The device's copy bandwidth (GB/s) and bf16 matmul peak (TFLOP/s); None where the
+        kind cannot tell (the interpreter), {} where calibrating failed."""
+        try:
+            self._child.send(("calibrate",))
+            reply = self._child.receive(max(300.0, self.timing.run_timeout_s))
+        except (_Timeout, _Died) as exc:
+            self._restart(f"calibration failed: {exc}")
+            return {}
+        if reply[0] != "calibration":
+            log.warning("calibration failed: %s", reply[1])
+            if is_sticky(str(reply[1])):
+                self._restart(f"calibration failed: {reply[1]}")
+            return {}
+        return dict(reply[1])
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        self._child.close()
+        try:
+            if self._pool is not None:
+                self._pool.close()
+        finally:
+            self._child.close()

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 
 from api import errors
-from api.routes import configs, health, jobs, kernels
+from api.routes import configs, devices, health, jobs, kernels
 from db.engine import init_db
 from tuner.settings import Settings
 
@@ -25,9 +25,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="triton-tuner", version="0.1.0", lifespan=lifespan,
                   description="Autotuning service for Triton kernels")
     app.state.settings = settings
-    app.state.worker_health = {}
     api = APIRouter(prefix="/api/v1")
-    for module in (jobs, configs, kernels):
+    for module in (jobs, configs, kernels, devices):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(health.router)

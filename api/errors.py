@@ -2,18 +2,37 @@
 
 Every error body has FastAPI's validation shape, so clients parse one format:
 ``{"detail": [{"loc": [...], "msg": "...", "type": "..."}]}``.
+
+=====================================  ======  ==============================================
+exception                              status  loc
+=====================================  ======  ==============================================
+``tuner.errors.InvalidRequest``        422     ``["body", *field]`` (``field`` split on dots)
+``QueryError`` (an InvalidRequest)     422     ``["query", *field]``
+``db.repo.NotFound``                   404     ``["path"]``
+other ``tuner.errors.TunerError``      400     ``["body"]``
+``sqlalchemy.exc.OperationalError``    503     ``["database"]`` (locked, unreachable: retry)
+=====================================  ======  ==============================================
 """
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from db.repo import NotFound
 from tuner.errors import InvalidRequest, TunerError
 
+log = logging.getLogger(__name__)
 
-def _body(loc: list[str | int], msg: str, kind: str) -> dict[str, object]:
+
+class QueryError(InvalidRequest):
+    """An InvalidRequest about a query parameter (``field`` names the parameter)."""
+
+
+def error_body(loc: list[str | int], msg: str, kind: str) -> dict[str, object]:
     return {"detail": [{"loc": loc, "msg": msg, "type": kind}]}
 
 
@@ -25,21 +44,34 @@ def field_loc(field: str | None, root: str = "body") -> list[str | int]:
     return parts
 
 
+def as_query_error(exc: InvalidRequest, field: str | None = None) -> QueryError:
+    """The same complaint, located in the query string."""
+    return QueryError(str(exc), field=exc.field if field is None else field)
+
+
 async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidRequest)
-    root = getattr(exc, "root", "body")
-    return JSONResponse(_body(field_loc(exc.field, root), str(exc), "value_error"), 422)
+    root = "query" if isinstance(exc, QueryError) else "body"
+    return JSONResponse(error_body(field_loc(exc.field, root), str(exc), "value_error"), 422)
 
 
 async def not_found(_request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(_body(["path"], str(exc), "not_found"), 404)
+    return JSONResponse(error_body(["path"], str(exc), "not_found"), 404)
 
 
 async def tuner_error(_request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(_body(["body"], str(exc), "tuner_error"), 400)
+    return JSONResponse(error_body(["body"], str(exc), "tuner_error"), 400)
+
+
+async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    log.warning("database error: %s", exc)
+    return JSONResponse(error_body(["database"], "the database is unavailable or busy; retry "
+                                   "shortly", "database_unavailable"), 503,
+                        headers={"Retry-After": "5"})
 
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(InvalidRequest, invalid_request)
     app.add_exception_handler(NotFound, not_found)
     app.add_exception_handler(TunerError, tuner_error)
+    app.add_exception_handler(OperationalError, database_unavailable)

@@ -17,20 +17,32 @@ class Budget(Strict):
     seconds: float | None = Field(None, gt=0, description="wall-clock limit per shape")
 
 
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+#: the longest device key the database stores (``devices.key``)
+DEVICE_KEY_MAX = 200
+
+
 class JobCreate(Strict):
-    kernel: str = Field(examples=["matmul"])
-    dtype: str = Field(examples=["float16"])
+    kernel: str = Field(max_length=100, examples=["matmul"])
+    dtype: str = Field(max_length=20, examples=["float16"])
     shapes: list[dict[str, Any]] = Field(min_length=1, examples=[[{"M": 4096, "N": 4096,
                                                                    "K": 4096}]])
     budget: Budget = Field(default_factory=Budget)  # type: ignore[arg-type]
-    strategy: str = "auto"
-    force: bool = False
-    seed: int = 0
-    device: str | None = Field(None, description="target device key; default: any worker")
+    strategy: str = Field("auto", max_length=40)
+    force: bool = Field(False, description="tune again even where a config is stored")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    device: str | None = Field(None, max_length=DEVICE_KEY_MAX,
+                               description="target device key (GET /devices); default: any "
+                                           "worker")
     backend: Literal["auto", "cuda", "interpret"] = "auto"
 
 
 class JobCreated(BaseModel):
+    """The answer to a submission. ``deduplicated``: an identical queued or running job was
+    returned instead of a new one. ``answered_from_store``: shapes already tuned for the target
+    device, whose tasks were created as succeeded (all of them: the job is ``succeeded`` and
+    the status code is 200)."""
+
     id: str
     status: str
     url: str
@@ -76,6 +88,7 @@ class JobsPublic(BaseModel):
 
 
 class TrialPublic(BaseModel):
+    task_id: int
     number: int
     config: dict[str, int]
     outcome: str
@@ -87,7 +100,7 @@ class TrialPublic(BaseModel):
 
 
 class TrialsPublic(BaseModel):
-    task_id: int
+    task_id: int | None = None  # set when the list is one task's
     data: list[TrialPublic]
     count: int
 
@@ -108,10 +121,10 @@ class ConfigPublic(BaseModel):
 
 
 class ConfigQueryItem(Strict):
-    kernel: str
-    dtype: str
+    kernel: str = Field(max_length=100)
+    dtype: str = Field(max_length=20)
     shape: dict[str, Any]
-    device: str | None = None
+    device: str | None = Field(None, max_length=DEVICE_KEY_MAX)
 
 
 class ConfigQuery(Strict):
@@ -120,4 +133,46 @@ class ConfigQuery(Strict):
 
 class ConfigsPublic(BaseModel):
     data: list[ConfigPublic]
+    count: int
+
+
+class DimPublic(BaseModel):
+    name: str
+    min: int
+    max: int
+    doc: str
+
+
+class KernelPublic(BaseModel):
+    name: str
+    version: str
+    description: str
+    dims: list[DimPublic]
+    dtypes: list[str]
+    space: list[dict[str, Any]]
+    space_size: int
+
+
+class KernelsPublic(BaseModel):
+    data: list[KernelPublic]
+    count: int
+
+
+class DevicePublic(BaseModel):
+    key: str
+    kind: str
+    name: str
+    compute_capability: str | None
+    sm_count: int | None
+    memory_bytes: int | None
+    triton_version: str | None
+    torch_version: str | None
+    copy_gbps: float | None
+    matmul_tflops: float | None
+    last_seen_at: datetime | None
+    seen_seconds_ago: float | None
+
+
+class DevicesPublic(BaseModel):
+    data: list[DevicePublic]
     count: int

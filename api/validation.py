@@ -10,6 +10,9 @@ from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
 from tuner.shapes import validate_shape
 from tuner.strategies import strategy_names
 
+#: the device key of the CPU interpreter (tuner.device.DeviceFingerprint.key)
+INTERPRETER_KEY = "interpret:cpu"
+
 
 def kernel_or_error(name: str, field: str = "kernel") -> Any:
     try:
@@ -25,13 +28,26 @@ def check_dtype(kernel: Any, dtype: str, field: str = "dtype") -> None:
                                f"of {', '.join(kernel.dtypes)}", field=field)
 
 
+def check_interpreter_dtype(kernel: Any, dtype: str, backend: str, device: str | None) -> None:
+    """A job pinned to the CPU interpreter cannot verify dtypes the interpreter computes wrongly
+    (it would only fail on the worker, minutes later)."""
+    pinned = backend == "interpret" or device == INTERPRETER_KEY
+    if pinned and dtype in getattr(kernel, "interpreter_unsupported_dtypes", ()):
+        raise UnsupportedDtype(f"dtype {dtype!r} cannot be checked on the Triton CPU "
+                               "interpreter (it computes it wrongly); target a GPU or use "
+                               "another dtype", field="dtype")
+
+
 def check_shape(kernel: Any, shape: Mapping[str, Any], field: str) -> dict[str, int]:
-    """The validated shape; errors carry ``field.<dim>``."""
+    """The validated shape; errors carry ``field.<dim>`` (or ``<dim>`` when field is "")."""
     try:
         return validate_shape(kernel.dims, shape)
     except InvalidShape as exc:
         dim = (exc.field or "").rpartition(".")[2]
-        exc.field = f"{field}.{dim}" if dim and dim != "shape" else field
+        if dim and dim != "shape":
+            exc.field = f"{field}.{dim}" if field else dim
+        else:
+            exc.field = field
         raise
 
 

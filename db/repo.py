@@ -394,3 +394,51 @@ def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str
     """The task's final best, after the finalists were re-timed side by side."""
     task = get_task(session, task_id)
     task.best_ms, task.best_config = ms, dict(config)
+
+
+# -- service additions (issue 3: worker presence, graceful stop, health) ----------------------
+# Added by the service work; kept in one block so the owner of db/ can fold them in.
+
+def _as_utc(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes for timezone-aware columns; they are UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=utcnow().tzinfo)
+
+
+def touch_device(session: Session, device_key: str) -> bool:
+    """Mark a device as seen now (a worker's presence beat); False if there is no such row."""
+    result = session.execute(update(Device).where(Device.key == device_key)
+                             .values(last_seen_at=utcnow())
+                             .execution_options(synchronize_session=False))
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def release_task(session: Session, task_id: int, worker_id: str) -> bool:
+    """Give a running task back to the queue because its worker is shutting down cleanly. The
+    attempt is not counted (nothing went wrong) and the stored trials stay, so the next worker
+    resumes the search. False when the task is no longer this worker's."""
+    result = session.execute(
+        update(Task).where(Task.id == task_id, Task.lease_owner == worker_id,
+                           Task.status == "running")
+        # a claim counted this attempt (attempts >= 1 while running under a lease)
+        .values(status="queued", lease_owner=None, lease_expires_at=None,
+                attempts=Task.attempts - 1, updated_at=utcnow())
+        .execution_options(synchronize_session=False))
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def running_tasks(session: Session) -> list[Task]:
+    """Tasks a worker holds now, oldest lease first (the health report shows their owners)."""
+    return list(session.scalars(select(Task).where(Task.status == "running")
+                                .order_by(Task.lease_expires_at, Task.id)))
+
+
+def count_tasks_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Task.status, func.count()).group_by(Task.status))
+    return {status: int(count) for status, count in rows}
+
+
+def seconds_since(moment: datetime | None, now: datetime | None = None) -> float | None:
+    """Seconds from ``moment`` to ``now`` (None stays None), whatever the backend's tz."""
+    if moment is None:
+        return None
+    return ((now or utcnow()) - _as_utc(moment)).total_seconds()

@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -42,3 +43,23 @@ def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         pytest.skip("TUNER_TEST_POSTGRES_URL is not set (scripts/test.sh sets it when a "
                     "PostgreSQL server answers)")
     yield from _postgres_database()
+
+
+# -- the HTTP service (tests/test_api*.py, test_client.py) --------------------------------------
+
+@pytest.fixture
+def api_db_url(tmp_path: Path) -> str:
+    """A fresh SQLite file for one app."""
+    return f"sqlite:///{tmp_path / 'api.db'}"
+
+
+@pytest.fixture
+def api_client(api_db_url: str) -> Iterator[Any]:
+    """Real HTTP requests through the app (lifespan run, database migrated)."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tuner.settings import Settings
+
+    with TestClient(create_app(Settings(database_url=api_db_url))) as client:
+        yield client

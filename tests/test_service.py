@@ -10,13 +10,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from db import repo
+from db.engine import init_db
+from search_spaces import get_kernel
+from tuner import service
 from tuner.client import TunerClient
+from tuner.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
+KERNEL = get_kernel("matmul")
 
 
 def _free_port() -> int:
@@ -57,10 +64,89 @@ def test_serve_runs_a_job_end_to_end_on_the_interpreter(tmp_path: Path):
                                     device="interpret:cpu")
         assert config.to_dict() == job["tasks"][0]["best_config"]
         assert (tmp_path / "tuner.db").is_file()
+        _a_killed_worker_is_replaced(proc)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        assert proc.wait(timeout=90) == 0
     assert "Triton CPU interpreter" in (tmp_path / "serve.log").read_text()
+    assert _workers_of(proc.pid) == []  # serve stopped its workers before exiting
+
+
+def _workers_of(serve_pid: int) -> list[int]:
+    """Pids of the worker processes ``serve`` started (they carry its pid)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--parent-pid" in argv and str(serve_pid).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def _a_killed_worker_is_replaced(serve: subprocess.Popen[bytes]) -> None:
+    [first] = _workers_of(serve.pid)
+    os.kill(first, signal.SIGKILL)
+    _wait_for(lambda: _workers_of(serve.pid) not in ([], [first]), serve, timeout=30)
+
+
+def test_a_worker_stopped_by_sigterm_requeues_its_task_with_its_trials(tmp_path: Path):
+    db_url = f"sqlite:///{tmp_path / 'w.db'}"
+    factory = init_db(db_url)
+    with factory() as session:
+        # 64^3 has more feasible configs than a few batches: the stop lands mid-search
+        job = repo.create_job(session, kernel="matmul", kernel_version=KERNEL.version,
+                              dtype="float16", shapes=[{"M": 64, "N": 64, "K": 64}],
+                              budget_trials=2000, budget_seconds=None, strategy="auto",
+                              force=False, seed=0, backend="interpret", device_key=None)
+        task_id = job.tasks[0].id
+        session.commit()
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
+           "TUNER_DATABASE_URL": db_url}
+    log = open(tmp_path / "worker.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
+                             "interpret"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: _task(factory, task_id).trials_done >= 1, proc, timeout=180)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    task = _task(factory, task_id)
+    assert task.status == "queued" and task.attempts == 0 and task.lease_owner is None
+    with factory() as session:
+        assert len(repo.trials_for_task(session, task_id)) == task.trials_done >= 1
+
+
+def _task(factory: Any, task_id: int) -> Any:
+    with factory() as session:
+        return repo.get_task(session, task_id)
+
+
+def _wait_for(condition: Any, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, "the worker exited early"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_without_a_gpu_serve_plans_one_interpreter_worker_and_says_so(monkeypatch):
+    monkeypatch.setattr(service, "resolve_backend_kind", lambda kind: "interpret")
+    kind, indices, note = service.worker_plan(Settings(), workers=None, backend="auto")
+    assert (kind, indices) == ("interpret", [0]) and note == service.NO_GPU_NOTE
+    assert "timings are not GPU timings" in service.NO_GPU_NOTE
+
+
+def test_serve_plans_one_worker_per_gpu(monkeypatch):
+    monkeypatch.setattr(service, "resolve_backend_kind", lambda kind: "cuda")
+    monkeypatch.setattr(service, "count_gpus_without_init", lambda: 4)
+    assert service.worker_plan(Settings(), workers=None, backend=None) == (
+        "cuda", [0, 1, 2, 3], None)
+    assert service.worker_plan(Settings(), workers=0, backend=None)[1] == []
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None,

@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="claim and run queued tasks on a local GPU")
     worker.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
     worker.add_argument("--device-index", type=int, default=0)
+    worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
 
     serve = sub.add_parser("serve", help="start the API and one worker per local GPU")
     serve.add_argument("--host", default="127.0.0.1")

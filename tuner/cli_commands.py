@@ -200,7 +200,8 @@ def kernels(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     from tuner.service import run_worker
 
-    return run_worker(_settings(args), backend=args.backend, device_index=args.device_index)
+    return run_worker(_settings(args), backend=args.backend, device_index=args.device_index,
+                      parent_pid=args.parent_pid)
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -1,8 +1,14 @@
 """``TunerClient``: fetch tuned launch parameters at model start-up, submit and wait for jobs.
 
-A model's start-up never fails because of the service: when it is down, slow or answers an
-error, lookups log one warning and return the kernel's default config (or the last results
-saved in ``cache_file``). Errors of ``submit``/``wait`` are raised as ``TunerClientError``.
+A model's start-up never fails because of the service. When it is down, slow or answers an
+error, lookups log ONE warning and answer from ``cache_file`` (the answers a previous run saved)
+or else with the kernel's default config; after a connection failure the client does not try
+the service again for ``retry_after_s``, so a model with many kernels pays the timeout once.
+The only error a lookup raises is ``UnknownKernel``, for a kernel this installation does not
+have (there is no default to give). ``submit``/``job``/``wait`` raise ``TunerClientError``.
+
+Lookup order: this process's answers from the service -> the service -> ``cache_file`` ->
+the kernel's default.
 """
 
 from __future__ import annotations
@@ -21,29 +27,44 @@ from tuner.shapes import shape_key
 
 log = logging.getLogger(__name__)
 
+TERMINAL = ("succeeded", "failed", "cancelled")
+
 
 class TunerClientError(Exception):
-    """The service refused a request or could not be reached (submit, wait)."""
+    """The service refused a request or could not be reached (submit, job, wait)."""
 
 
-def _default_config(kernel: str, shape: Mapping[str, int], dtype: str) -> KernelConfig:
+def default_config(kernel: str, shape: Mapping[str, int], dtype: str) -> KernelConfig:
+    """The kernel's own default (imports the kernel registry only when needed)."""
     from search_spaces import get_kernel
 
     return KernelConfig(get_kernel(kernel).default_config(shape, dtype))
 
 
+def _config_of(answer: Mapping[str, Any] | None) -> KernelConfig | None:
+    """The config of a stored answer; None when the answer is unusable (an old or hand-edited
+    cache file)."""
+    try:
+        return KernelConfig(answer["config"]) if answer is not None else None
+    except (KeyError, TypeError):
+        return None
+
+
 class TunerClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 5.0,
                  transport: httpx.BaseTransport | None = None,
-                 cache_file: str | Path | None = None) -> None:
+                 cache_file: str | Path | None = None, retry_after_s: float = 30.0) -> None:
         headers = {"X-API-Key": api_key} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                   headers=headers, transport=transport)
-        self.cache_file = Path(cache_file) if cache_file else None
-        self._cache: dict[str, dict[str, Any]] = self._load_cache()
+        self.cache_file = Path(cache_file).expanduser() if cache_file else None
+        self.retry_after_s = retry_after_s
+        self._answers: dict[str, dict[str, Any]] = {}
+        self._saved: dict[str, dict[str, Any]] | None = None  # cache_file, read when needed
+        self._down_until = 0.0
         self._warned = False
 
-    # -- lookups (never raise) ----------------------------------------------------------------
+    # -- lookups (never raise for a known kernel) ---------------------------------------------
 
     @staticmethod
     def _key(kernel: str, shape: Mapping[str, int], dtype: str, device: str | None) -> str:
@@ -53,57 +74,89 @@ class TunerClient:
                     device: str | None = None) -> KernelConfig:
         """The tuned config (exact, or the nearest tuned shape), else the kernel's default."""
         key = self._key(kernel, shape, dtype, device)
-        if key not in self._cache:
+        if key not in self._answers:
             self.prefetch(kernel, [shape], dtype, device)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return KernelConfig(hit["config"])
-        return _default_config(kernel, shape, dtype)
+        config = _config_of(self.lookup(kernel, shape, dtype, device))
+        return config if config is not None else default_config(kernel, shape, dtype)
 
     def lookup(self, kernel: str, shape: Mapping[str, int], dtype: str,
                device: str | None = None) -> dict[str, Any] | None:
-        """The full answer the service gave (match, ms, ...) if one is known."""
-        return self._cache.get(self._key(kernel, shape, dtype, device))
+        """The full answer (match, ms, ...) from the service or the cache file, if known;
+        never contacts the service."""
+        key = self._key(kernel, shape, dtype, device)
+        return self._answers.get(key) or self._saved_answers().get(key)
 
     def prefetch(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str,
                  device: str | None = None) -> int:
-        """Fetch many shapes in one request; returns how many the service answered."""
+        """Fetch many shapes in one request; returns how many the service answered (0 when it
+        could not be asked: then lookups use the cache file or defaults)."""
+        if time.monotonic() < self._down_until:
+            return 0
         items = [{"kernel": kernel, "dtype": dtype, "shape": dict(s), "device": device}
                  for s in shapes]
-        try:
-            response = self._http.post("/api/v1/configs/query", json={"items": items})
-            response.raise_for_status()
-            data = response.json()["data"]
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            self._warn(f"tuning service unavailable ({type(exc).__name__}: {exc}); using "
-                       f"{'cached' if self._cache else 'default'} configs")
+        data = self._query(items)
+        if data is None:
             return 0
         for shape, answer in zip(shapes, data, strict=True):
-            self._cache[self._key(kernel, shape, dtype, device)] = answer
+            self._answers[self._key(kernel, shape, dtype, device)] = answer
         self._save_cache()
         return len(data)
 
-    def _warn(self, message: str) -> None:
+    def _query(self, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        try:
+            response = self._http.post("/api/v1/configs/query", json={"items": items})
+        except httpx.HTTPError as exc:
+            self._down_until = time.monotonic() + self.retry_after_s
+            self._warn(f"tuning service unreachable ({type(exc).__name__}: {exc})")
+            return None
+        if response.status_code >= 500:
+            self._down_until = time.monotonic() + self.retry_after_s
+        try:
+            response.raise_for_status()
+            data = response.json()["data"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            self._warn(f"tuning service answered {response.status_code}: "
+                       f"{response.text[:300] or exc}")
+            return None
+        if not isinstance(data, list) or len(data) != len(items):
+            self._warn("tuning service sent a malformed answer")
+            return None
+        return data
+
+    def _warn(self, why: str) -> None:
         if not self._warned:
-            log.warning(message)
+            source = "the cache file or defaults" if self.cache_file else "default configs"
+            log.warning("%s; using %s (this warning is shown once)", why, source)
             self._warned = True
+
+    def _saved_answers(self) -> dict[str, dict[str, Any]]:
+        if self._saved is None:
+            self._saved = self._load_cache()
+        return self._saved
 
     def _load_cache(self) -> dict[str, dict[str, Any]]:
         if self.cache_file is None or not self.cache_file.is_file():
             return {}
         try:
             data = json.loads(self.cache_file.read_text())
-            return dict(data) if isinstance(data, dict) else {}
         except (OSError, ValueError):
+            log.warning("cache file %s is unreadable; ignoring it", self.cache_file)
             return {}
+        return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(
+            data, dict) else {}
 
     def _save_cache(self) -> None:
+        """Merge this process's answers into the cache file (atomically)."""
         if self.cache_file is None:
             return
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._cache, indent=1, sort_keys=True))
-        tmp.replace(self.cache_file)
+        merged = {**self._saved_answers(), **self._answers}
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(self.cache_file.suffix + ".tmp")
+            tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+            tmp.replace(self.cache_file)
+        except OSError as exc:
+            log.warning("could not write cache file %s: %s", self.cache_file, exc)
 
     # -- jobs (raise TunerClientError) ---------------------------------------------------------
 
@@ -114,12 +167,17 @@ class TunerClient:
             raise TunerClientError(f"{method} {url}: {exc}") from exc
         if response.status_code >= 400:
             raise TunerClientError(f"{method} {url}: {response.status_code} {response.text}")
-        result: dict[str, Any] = response.json()
+        try:
+            result: dict[str, Any] = response.json()
+        except ValueError as exc:
+            raise TunerClientError(f"{method} {url}: the answer is not JSON") from exc
         return result
 
     def submit(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str,
                trials: int = 48, seconds: float | None = None, strategy: str = "auto",
                force: bool = False, device: str | None = None) -> str:
+        """Queue a tuning job; returns its id (an identical active job's id when there is
+        one)."""
         body = {"kernel": kernel, "dtype": dtype, "shapes": [dict(s) for s in shapes],
                 "budget": {"trials": trials, "seconds": seconds}, "strategy": strategy,
                 "force": force, "device": device}
@@ -133,7 +191,7 @@ class TunerClient:
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)
-            if job["status"] in ("succeeded", "failed", "cancelled"):
+            if job["status"] in TERMINAL:
                 return job
             if time.monotonic() > deadline:
                 raise TunerClientError(f"job {job_id} still {job['status']} after {timeout} s")

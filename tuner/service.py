@@ -1,4 +1,10 @@
-"""``tuner worker`` and ``tuner serve``: the long-running processes of the service."""
+"""``tuner worker`` and ``tuner serve``: the long-running processes of the service.
+
+A worker owns one device. Its parent process never initialises CUDA: a short-lived child reports
+the GPU's fingerprint and calibration, and every measurement happens in the backend's children.
+``serve`` runs the API in its own process and one worker process per local GPU (or one
+interpreter worker without a GPU), restarts a worker that dies, and stops them all on exit.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +14,25 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.backends import resolve_backend_kind
-from tuner.device import count_gpus_without_init, interpreter_fingerprint
+from tuner.device import DeviceFingerprint, count_gpus_without_init, interpreter_fingerprint
 from tuner.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: what ``serve`` prints when it falls back to the CPU interpreter
+NO_GPU_NOTE = ("no GPU found: one worker on the Triton CPU interpreter (timings are not GPU "
+               "timings; results are stored under 'interpret:cpu' and never served for a GPU)")
 
-def _gpu_fingerprint_and_calibration(device_index: int) -> tuple[Any, dict[str, Any]]:
+
+# -- one worker ---------------------------------------------------------------------------------
+
+def _gpu_fingerprint_and_calibration(device_index: int) -> tuple[DeviceFingerprint,
+                                                                 dict[str, Any]]:
     """Ask a short-lived child for its GPU's fingerprint and calibration, so that this process
     never initialises CUDA."""
     from tuner.backends.process import ChildProcess
@@ -32,12 +47,27 @@ def _gpu_fingerprint_and_calibration(device_index: int) -> tuple[Any, dict[str, 
         child.close()
 
 
-def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0) -> int:
+def _register_device(factory: Any, fingerprint: DeviceFingerprint,
+                     calibration: dict[str, Any]) -> None:
     from db import repo
+
+    with factory() as session:
+        repo.upsert_device(session, fingerprint.to_dict())
+        if calibration.get("copy_gbps"):
+            repo.set_calibration(session, fingerprint.key, calibration["copy_gbps"],
+                                 calibration.get("matmul_tflops"))
+        session.commit()
+
+
+def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0, *,
+               parent_pid: int | None = None) -> int:
+    """Claim and run tasks for one device until SIGTERM/SIGINT (the current task is stopped at
+    its next check and re-queued; a second signal exits at once). ``parent_pid``: stop when
+    that process is gone (``serve`` passes its own pid so that no worker outlives it)."""
     from db.engine import init_db
     from tuner.worker import Worker, reap_forever
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    _log_at_info()
     kind = resolve_backend_kind(backend)
     factory = init_db(settings.resolved_database_url)
     if kind == "cuda":
@@ -46,64 +76,201 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0)
         fingerprint, calibration = interpreter_fingerprint(), {}
         log.warning("no GPU: this worker runs kernels on the Triton CPU interpreter; its "
                     "timings are not GPU timings and are stored under 'interpret:cpu'")
-    with factory() as session:
-        repo.upsert_device(session, fingerprint.to_dict())
-        if calibration.get("copy_gbps"):
-            repo.set_calibration(session, fingerprint.key, calibration["copy_gbps"],
-                                 calibration["matmul_tflops"])
-        session.commit()
+    _register_device(factory, fingerprint, calibration)
     worker = Worker(factory, backend_kind=kind, device_key=fingerprint.key,
                     device_index=device_index, lease_seconds=settings.lease_seconds)
     _stop_on_signals(worker.stopping)
-    reaper = threading.Thread(target=reap_forever, daemon=True, name="reaper",
-                              args=(factory, settings.reap_interval_seconds, worker.stopping))
-    reaper.start()
+    _start_thread("reaper", reap_forever, factory, settings.reap_interval_seconds,
+                  worker.stopping)
+    _start_thread("presence", keep_present, factory, fingerprint.key,
+                  settings.lease_seconds / 3, worker.stopping, parent_pid)
     log.info("worker %s serving device %s (%s)", worker.id, fingerprint.key, kind)
     worker.run_forever()
+    log.info("worker %s stopped", worker.id)
     return 0
+
+
+def _log_at_info() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    root = logging.getLogger()
+    if root.level > logging.INFO:  # the CLI configured WARNING; a worker reports its work
+        root.setLevel(logging.INFO)
+
+
+def _start_thread(name: str, target: Any, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+    thread.start()
+    return thread
+
+
+def keep_present(factory: Any, device_key: str, interval_s: float, stopping: threading.Event,
+                 parent_pid: int | None = None) -> None:
+    """Refresh the device's ``last_seen_at`` (``/healthz`` reports devices seen recently), and
+    stop the worker when the process that started it is gone."""
+    from db import repo
+
+    while not stopping.wait(interval_s):
+        if parent_pid is not None and os.getppid() != parent_pid:
+            log.warning("the serving process %s is gone; stopping", parent_pid)
+            stopping.set()
+            return
+        try:
+            with factory() as session:
+                repo.touch_device(session, device_key)
+                session.commit()
+        except Exception:  # noqa: BLE001 - a missed beat only makes the device look stale
+            log.exception("presence beat of %s failed", device_key)
 
 
 def _stop_on_signals(event: threading.Event) -> None:
     def handler(signum: int, _frame: Any) -> None:
-        log.info("signal %s: finishing the current trial and stopping", signum)
+        if event.is_set():
+            log.warning("signal %s again: exiting now", signum)
+            raise SystemExit(128 + signum)
+        log.info("signal %s: stopping the current task at its next check (send it again to "
+                 "exit at once)", signum)
         event.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
 
 
+# -- serve: the API and a pool of workers -------------------------------------------------------
+
+@dataclass
+class _Slot:
+    device_index: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    quick_failures: int = 0
+
+
+@dataclass
+class WorkerPool:
+    """Worker processes of ``serve``: each in its own session (a Ctrl-C at the terminal reaches
+    only ``serve``, which then stops each worker exactly once), restarted when one dies."""
+
+    kind: str
+    device_indices: list[int]
+    env: dict[str, str]
+    grace_s: float = 60.0
+    #: a worker that dies within this many seconds of starting counts as a quick failure
+    quick_s: float = 30.0
+    max_quick_failures: int = 5
+    slots: list[_Slot] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        self.slots = [_Slot(i) for i in self.device_indices]
+        for slot in self.slots:
+            self._spawn(slot)
+        _start_thread("worker-pool", self._watch)
+
+    def _spawn(self, slot: _Slot) -> None:
+        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--backend", self.kind,
+               "--device-index", str(slot.device_index), "--parent-pid", str(os.getpid())]
+        slot.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True)
+        slot.started = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(2.0):
+            for slot in self.slots:
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    self._restart(slot)
+
+    def _restart(self, slot: _Slot) -> None:
+        assert slot.proc is not None
+        code = slot.proc.returncode
+        quick = time.monotonic() - slot.started < self.quick_s
+        slot.quick_failures = slot.quick_failures + 1 if quick else 0
+        if slot.quick_failures >= self.max_quick_failures:
+            log.error("worker for device %d exited %d times right after starting (last exit "
+                      "%s); not restarting it", slot.device_index, slot.quick_failures, code)
+            slot.proc = None
+            return
+        log.warning("worker for device %d exited with %s; restarting it", slot.device_index,
+                    code)
+        time.sleep(5.0 if quick else 0.0)
+        if not self.stopping.is_set():
+            self._spawn(slot)
+
+    def stop(self) -> None:
+        """SIGTERM every worker (each re-queues its task), SIGKILL what is left after
+        ``grace_s``, including the worker's own measuring children."""
+        self.stopping.set()
+        live = [s.proc for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for proc in live:
+            proc.terminate()
+        deadline = time.monotonic() + self.grace_s
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d did not stop in %.0f s; killing it", proc.pid,
+                            self.grace_s)
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def worker_plan(settings: Settings, workers: int | None, backend: str | None
+                ) -> tuple[str, list[int], str | None]:
+    """(backend kind, device index per worker, a note for the user)."""
+    requested = backend or settings.backend
+    kind = resolve_backend_kind(requested)
+    gpus = count_gpus_without_init() if kind == "cuda" else 0
+    if workers is not None and workers >= 0:
+        count = workers
+    else:
+        count = settings.workers if settings.workers >= 0 else max(1, gpus)
+    indices = [i % gpus if gpus else 0 for i in range(count)]
+    note = None
+    if kind == "interpret" and count:
+        note = NO_GPU_NOTE if requested == "auto" else (
+            f"backend interpret: {count} worker(s) on the Triton CPU interpreter (timings are "
+            "not GPU timings; results are stored under 'interpret:cpu')")
+    return kind, indices, note
+
+
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
           workers: int | None = None, backend: str | None = None) -> int:
     """The API in this process plus worker processes: one per local GPU, or one interpreter
-    worker on a machine without a GPU."""
+    worker on a machine without a GPU. Returns when the API stops (SIGINT/SIGTERM)."""
     import uvicorn
 
-    kind = resolve_backend_kind(backend or settings.backend)
-    gpus = count_gpus_without_init() if kind == "cuda" else 0
-    count = workers if workers is not None and workers >= 0 else (
-        settings.workers if settings.workers >= 0 else max(1, gpus))
-    if kind == "interpret":
-        print("no GPU found: starting one worker on the Triton CPU interpreter "
-              "(timings are not GPU timings; results are stored under 'interpret:cpu')",
-              flush=True)
-    env = {**os.environ, "TUNER_DATABASE_URL": settings.resolved_database_url}
     from db.engine import init_db
 
-    init_db(settings.resolved_database_url)  # migrate once, before workers race to do it
-    procs = [subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend", kind,
-                               "--device-index", str(i if kind == "cuda" else 0)], env=env)
-             for i in range(count)]
-    print(f"API on http://{host}:{port} (dashboard at /, docs at /docs); {count} {kind} "
-          f"worker(s); database {settings.resolved_database_url}", flush=True)
-    os.environ["TUNER_DATABASE_URL"] = settings.resolved_database_url
+    kind, indices, note = worker_plan(settings, workers, backend)
+    if note:
+        print(note, flush=True)
+    url = settings.resolved_database_url
+    init_db(url)  # migrate once, before workers race to do it
+    os.environ["TUNER_DATABASE_URL"] = url  # the app (built by uvicorn) and the workers
+    pool = WorkerPool(kind, indices, env=dict(os.environ))
+    pool.start()
+    print(f"API on http://{host}:{port} (docs at /docs); {len(indices)} {kind} worker(s); "
+          f"database {url}", flush=True)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down, under the handler that was
+    # there before it; with the default one the process would die before stopping its workers.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         uvicorn.run("api.app:app", host=host, port=port, log_level="info")
+    except _Terminated:
+        log.info("SIGTERM: stopping the workers")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        pool.stop()
     return 0
+
+
+class _Terminated(Exception):
+    """SIGTERM reached ``serve``."""
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise _Terminated

@@ -240,10 +240,21 @@ class Worker:
                                    heartbeat=beat.alive)
         finally:
             beat.stop()
+        if outcome.status == "lost" and self.stopping.is_set():
+            self._release(task_id)
         if outcome.error and "died" in outcome.error:
             self.healthy = False
             self.last_error = outcome.error
         return outcome
+
+    def _release(self, task_id: int) -> None:
+        """Stopped on request mid-task: re-queue the task now rather than after its lease
+        expires, so another worker (or this one restarted) resumes it from its stored trials."""
+        with self.factory() as session:
+            released = repo.release_task(session, task_id, self.id)
+            session.commit()
+        if released:
+            log.info("worker %s stopping: task %s is queued again", self.id, task_id)
 
     def run_forever(self) -> None:
         while not self.stopping.is_set():

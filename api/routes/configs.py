@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep
-from api.schemas import ConfigPublic, ConfigQuery, ConfigsPublic
+from api.errors import QueryError, as_query_error
+from api.schemas import DEVICE_KEY_MAX, ConfigPublic, ConfigQuery, ConfigsPublic
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo
 from db.models import BestConfig
@@ -18,7 +19,7 @@ from tuner.errors import InvalidRequest
 router = APIRouter(prefix="/configs", tags=["configs"])
 
 #: query parameters of GET /configs that are not problem dimensions
-_NON_DIMS = {"kernel", "dtype", "device", "triton"}
+_NON_DIMS = {"kernel", "dtype", "device"}
 
 
 def _candidate_devices(session: Session, device: str | None) -> list[str]:
@@ -57,14 +58,8 @@ def resolve(session: Session, kernel: Any, dtype: str, shape: dict[str, int],
                         device=device, config=default)
 
 
-@router.get("", response_model=ConfigPublic, dependencies=[ReadAccess],
-            responses={404: {"description": "nothing tuned: the body carries the default"}})
-def get_config(request: Request, session: SessionDep, kernel: str, dtype: str,
-               device: str | None = None) -> Any:
-    """The best config for kernel/dtype/device and the shape given as dimension parameters
-    (``?kernel=matmul&dtype=float16&M=4096&N=4096&K=4096``)."""
-    k = kernel_or_error(kernel, "kernel")
-    check_dtype(k, dtype)
+def _query_shape(request: Request, kernel: Any) -> dict[str, int]:
+    """The problem shape given as query parameters (``M=4096&N=4096&K=4096``)."""
     raw: dict[str, Any] = {}
     for name, value in request.query_params.items():
         if name in _NON_DIMS:
@@ -72,16 +67,29 @@ def get_config(request: Request, session: SessionDep, kernel: str, dtype: str,
         try:
             raw[name] = int(value)
         except ValueError:
-            err = InvalidRequest(f"{name}={value!r} must be an integer", field=name)
-            err.root = "query"  # type: ignore[attr-defined]
-            raise err from None
+            raise QueryError(f"{name}={value!r} must be an integer", field=name) from None
     try:
-        shape = check_shape(k, raw, "shape")
+        return check_shape(kernel, raw, "")
     except InvalidRequest as exc:
-        exc.field = (exc.field or "").removeprefix("shape.")
-        exc.root = "query"  # type: ignore[attr-defined]
-        raise
-    result = resolve(session, k, dtype, shape, device)
+        raise as_query_error(exc) from None
+
+
+@router.get("", response_model=ConfigPublic, dependencies=[ReadAccess],
+            responses={404: {"model": ConfigPublic,
+                             "description": "nothing tuned: the body carries the default"}})
+def get_config(request: Request, session: SessionDep,
+               kernel: str = Query(max_length=100), dtype: str = Query(max_length=20),
+               device: str | None = Query(None, max_length=DEVICE_KEY_MAX)) -> Any:
+    """The best config for kernel/dtype/device and the shape given as dimension parameters
+    (``?kernel=matmul&dtype=float16&M=4096&N=4096&K=4096``): ``match`` is ``exact``, else
+    ``nearest`` (with its ``tuned_shape`` and log2 ``distance``), else 404 with ``default``.
+    Without ``device``, only real GPUs' results are considered."""
+    try:
+        k = kernel_or_error(kernel, "kernel")
+        check_dtype(k, dtype)
+    except InvalidRequest as exc:
+        raise as_query_error(exc) from None
+    result = resolve(session, k, dtype, _query_shape(request, k), device)
     if result.match == "default":
         return JSONResponse(result.model_dump(), status_code=404)
     return result
@@ -89,7 +97,9 @@ def get_config(request: Request, session: SessionDep, kernel: str, dtype: str,
 
 @router.post("/query", response_model=ConfigsPublic, dependencies=[ReadAccess])
 def query_configs(body: ConfigQuery, session: SessionDep) -> ConfigsPublic:
-    """Many lookups in one request (model start-up); each item says how it matched."""
+    """Many lookups in one request (model start-up): 200 with one answer per item, in order,
+    each saying how it matched (``exact``, ``nearest`` or ``default``: never a 404). A
+    malformed item is a 422 naming it (``["body", "items", i, ...]``)."""
     data = []
     for i, item in enumerate(body.items):
         k = kernel_or_error(item.kernel, f"items.{i}.kernel")

@@ -1,4 +1,5 @@
-"""Liveness and readiness."""
+"""Liveness (``/healthz``: the process answers, and what the database says of the workers) and
+readiness (``/readyz``: the database answers)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,40 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from db import repo
+from tuner.settings import Settings
 
 router = APIRouter(tags=["health"])
 
 
+def worker_health(session: Session, settings: Settings) -> dict[str, Any]:
+    """Devices whose workers beat within one lease length, the tasks held now (a lease that
+    expired means a dead worker the reaper has not re-queued yet) and the queue length."""
+    devices = []
+    for d in repo.list_devices(session):
+        ago = repo.seconds_since(d.last_seen_at)
+        alive = ago is not None and ago <= settings.lease_seconds
+        devices.append({"key": d.key, "alive": alive,
+                        "seen_seconds_ago": round(ago, 1) if ago is not None else None})
+    running = [{"task_id": t.id, "job_id": t.job_id, "worker": t.lease_owner,
+                "device": t.device_key, "trials_done": t.trials_done,
+                "lease_ok": t.lease_expires_at is None
+                or (repo.seconds_since(t.lease_expires_at) or 0) < 0}
+               for t in repo.running_tasks(session)]
+    counts = repo.count_tasks_by_status(session)
+    return {"devices": devices, "running": running, "queued_tasks": counts.get("queued", 0)}
+
+
 @router.get("/healthz")
 def healthz(request: Request) -> dict[str, Any]:
-    """The process answers; workers' health as they last reported it."""
-    workers = getattr(request.app.state, "worker_health", {})
+    """Always 200 while the process answers; ``workers`` is null when the database is not."""
+    try:
+        with request.app.state.session_factory() as session:
+            workers: dict[str, Any] | None = worker_health(session, request.app.state.settings)
+    except Exception:  # noqa: BLE001 - liveness must not depend on the database
+        workers = None
     return {"status": "ok", "workers": workers}
 
 

@@ -12,13 +12,20 @@ from api.schemas import (
     JobCreated,
     JobPublic,
     JobsPublic,
+    JobStatus,
     TaskPublic,
     TrialPublic,
     TrialsPublic,
 )
-from api.validation import check_dtype, check_shape, check_strategy, kernel_or_error
+from api.validation import (
+    check_dtype,
+    check_interpreter_dtype,
+    check_shape,
+    check_strategy,
+    kernel_or_error,
+)
 from db import repo
-from db.models import Job
+from db.models import Job, Trial
 from tuner.errors import InvalidRequest
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -49,14 +56,21 @@ def _validated_shapes(kernel: Any, body: JobCreate, max_shapes: int) -> list[dic
     return list({repo.shape_key_of(s): s for s in shapes}.values())
 
 
-@router.post("", status_code=202, response_model=JobCreated, dependencies=[WriteAccess])
+@router.post("", status_code=202, response_model=JobCreated, dependencies=[WriteAccess],
+             responses={200: {"model": JobCreated, "description": "an identical queued or "
+                              "running job, or every shape answered from the store"}})
 def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
                response: Response) -> JobCreated:
-    """Queue a tuning job (one task per shape). An identical queued or running job is returned
-    instead of a new one; shapes already tuned for the target device are answered from the
-    store (their tasks are created as succeeded) unless ``force``."""
+    """Queue a tuning job (one task per shape): 202.
+
+    An identical queued or running job is returned instead of a new one (200,
+    ``deduplicated``). Unless ``force``, shapes already tuned for the target device (``device``,
+    or the only GPU this service knows) are answered from the store: their tasks are created
+    as succeeded with the stored best; when that covers every shape the job is ``succeeded``
+    at once and the status is 200. Its configs are then at ``GET /configs``."""
     kernel = kernel_or_error(body.kernel)
     check_dtype(kernel, body.dtype)
+    check_interpreter_dtype(kernel, body.dtype, body.backend, body.device)
     check_strategy(body.strategy)
     if body.budget.trials > settings.max_trials:
         raise InvalidRequest(f"budget.trials {body.budget.trials} is above this service's "
@@ -74,12 +88,14 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     job = repo.create_job(session, **fields, force=body.force, seed=body.seed)
     answered = 0 if body.force else repo.answer_tuned_tasks(session, job)
     session.commit()
+    if job.status == "succeeded":
+        response.status_code = 200
     return JobCreated(id=job.id, status=job.status, url=job_url(job.id),
                       answered_from_store=answered)
 
 
 @router.get("", response_model=JobsPublic, dependencies=[ReadAccess])
-def list_jobs(session: SessionDep, status: str | None = None, kernel: str | None = None,
+def list_jobs(session: SessionDep, status: JobStatus | None = None, kernel: str | None = None,
               limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> JobsPublic:
     jobs, total = repo.list_jobs(session, status=status, kernel=kernel, limit=limit,
                                  offset=offset)
@@ -98,14 +114,26 @@ def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
     return job_public(job)
 
 
+def trial_public(t: Trial) -> TrialPublic:
+    return TrialPublic(task_id=t.task_id, number=t.number, config=t.config, outcome=t.outcome,
+                       p20_ms=t.p20_ms, p50_ms=t.p50_ms, p80_ms=t.p80_ms, error=t.error,
+                       compile_s=t.compile_s)
+
+
+@router.get("/{job_id}/trials", response_model=TrialsPublic, dependencies=[ReadAccess])
+def job_trials(job_id: str, session: SessionDep) -> TrialsPublic:
+    """Every trial of every task of the job, by task then trial number (the dashboard's
+    convergence plot)."""
+    job = repo.get_job(session, job_id)
+    data = [trial_public(t) for task in job.tasks for t in repo.trials_for_task(session, task.id)]
+    return TrialsPublic(data=data, count=len(data))
+
+
 @router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialsPublic,
             dependencies=[ReadAccess])
 def task_trials(job_id: str, task_id: int, session: SessionDep) -> TrialsPublic:
     task = repo.get_task(session, task_id)
     if task.job_id != job_id:
         raise repo.NotFound(f"job {job_id} has no task {task_id}")
-    trials = repo.trials_for_task(session, task_id)
-    data = [TrialPublic(number=t.number, config=t.config, outcome=t.outcome, p20_ms=t.p20_ms,
-                        p50_ms=t.p50_ms, p80_ms=t.p80_ms, error=t.error, compile_s=t.compile_s)
-            for t in trials]
+    data = [trial_public(t) for t in repo.trials_for_task(session, task_id)]
     return TrialsPublic(task_id=task_id, data=data, count=len(data))

@@ -139,13 +139,29 @@ def run_serial(shape: dict[str, int], dtype: str, sample: list[int],
 
 # -- the pipeline arm (this process never touches CUDA) -----------------------------------------
 
+def kept_configs(shape: dict[str, int], dtype: str, prune: bool) -> tuple[list[int], int]:
+    """Indices of the table's configs that the product would compile for this shape (the
+    matmul space's constraints reject the others before compiling, as ``run_search`` does),
+    and how many were rejected."""
+    from search_spaces.matmul import KERNEL as kernel
+    from tuner.space import ProblemContext
+
+    configs = table_configs()
+    if not prune:
+        return list(range(len(configs))), 0
+    space, ctx = kernel.space(), ProblemContext(shape, dtype)
+    kept = [i for i, c in enumerate(configs) if space.violation(c, ctx) is None]
+    return kept, len(configs) - len(kept)
+
+
 def run_pipeline(shape: dict[str, int], dtype: str, batch: int, adaptive: bool,
-                 workers: int | None) -> dict[str, Any]:
+                 workers: int | None, kept: list[int]) -> dict[str, Any]:
     from tuner.backends import TimingOptions
     from tuner.backends.process import ProcessBackend
 
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="pipeline-cache-")
-    configs = table_configs()
+    every = table_configs()
+    configs = [every[i] for i in kept]
     timing = TimingOptions(warmup_ms=WARMUP_MS, rep_ms=REP_MS,
                            quick_rep_ms=5.0 if adaptive else 0.0, quick_factor=2.0,
                            compile_timeout_s=120, run_timeout_s=30)
@@ -193,6 +209,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="compile processes (default: "
                     "CPU cores - 1)")
     ap.add_argument("--no-adaptive", action="store_true", help="full do_bench for every config")
+    ap.add_argument("--no-prune", action="store_true",
+                    help="compile every config, also those the space's constraints reject")
     ap.add_argument("--serial-arm", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serial_arm:
@@ -201,7 +219,6 @@ def main() -> None:
         return
     n = len(table_configs())
     k = n if args.serial_sample <= 0 else min(args.serial_sample, n)
-    sample = random.Random(0).sample(range(n), k)  # random order: a time cap keeps it random
     extrapolated = k < n or args.serial_budget_s < float("inf")
     cmd = " ".join(["python3 -m bench.tuning_speed", *sys.argv[1:]])
     lines = [
@@ -213,35 +230,47 @@ def main() -> None:
         f"rep={REP_MS:g} ms, L2 flushed)"
         + ("" if args.no_adaptive else "; the pipeline times a config quickly first "
            "(rep 5 ms) and keeps that for configs over 2x the best so far") + ".",
-        "Serial: " + (f"**extrapolated** (s/config x {n}) from a seeded random sample of up to "
-                      f"{k} configs timed one after another, stopped after "
+        "Serial: " + ("**extrapolated** (s/config x the configs kept) from a seeded random "
+                      f"sample of up to {k} configs timed one after another, stopped after "
                       f"{args.serial_budget_s:g} s (at least {SERIAL_MIN_CONFIGS} configs)"
                       if extrapolated else "all configs")
-        + ". Pipeline wall includes starting the GPU child and the compile pool.", "",
-        "| shape | dtype | pipeline wall s | of which start s | GPU busy (pipeline) | compile "
+        + ". Pipeline wall includes starting the GPU child and the compile pool."
+        + ("" if args.no_prune else
+           " The pipeline rejects configs that the matmul space's constraints rule out (shared "
+           "memory over the limit, an accumulator over 255 registers per thread, tiles larger "
+           "than the problem) before compiling, as the product does; the serial arm runs only "
+           "the configs the pipeline kept (a sample of them), so both arms cover the same "
+           "configs and the ratio does not count the pruning."), "",
+        "| shape | dtype | configs kept (pruned) | pipeline wall s | of which start s | "
+        "GPU busy (pipeline) | compile "
         "procs | compile median / sum CPU-s | serial configs run | serial s/config | serial "
         "wall s (all) | GPU busy (serial) | speed-up | pipeline best (quick-timed) | outcomes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for i in map(int, args.shapes.split(",")):
         shape, dtype = SHAPES[i]
-        pipe = run_pipeline(shape, dtype, args.batch, not args.no_adaptive, args.workers)
+        kept, pruned = kept_configs(shape, dtype, not args.no_prune)
+        # random order: a time cap keeps it random
+        sample = random.Random(0).sample(kept, min(k, len(kept)))
+        pipe = run_pipeline(shape, dtype, args.batch, not args.no_adaptive, args.workers, kept)
         print(f"pipeline {shape} {dtype}: "
               f"{json.dumps({k: v for k, v in pipe.items() if k != 'per_config'})}", flush=True)
         serial = run_serial(shape, dtype, sample, args.serial_budget_s)
         print(f"serial {shape} {dtype}: {json.dumps(serial)}", flush=True)
         per = serial["seconds"] / serial["configs"]
-        full = per * n
+        full = per * len(kept)
         label = "x".join(str(v) for v in shape.values())
-        full_txt = f"{full:.0f}" + (" (extrapolated)" if serial["configs"] < n else "")
+        full_txt = f"{full:.0f}" + (" (extrapolated)" if serial["configs"] < len(kept) else "")
         lines.append(
-            f"| {label} | {dtype} | {pipe['seconds']:.1f} | {pipe['start_s']:.1f} | "
+            f"| {label} | {dtype} | {len(kept)} ({pruned}) | {pipe['seconds']:.1f} | "
+            f"{pipe['start_s']:.1f} | "
             f"{pipe['busy']:.0%} | {pipe['pool']} | {pipe['compile_median_s']:.2f} / "
             f"{pipe['compile_sum_s']:.0f} | {serial['configs']} | {per:.3f} | {full_txt} | "
             f"{serial['busy']:.0%} | {full / pipe['seconds']:.1f}x | "
             f"`{pipe['best']}` {pipe['best_ms']:.4f} ms ({pipe['quick']} of {pipe['ok']} ok "
             f"quick-timed) | {pipe['outcomes']} |")
-        rows.append({"shape": shape, "dtype": dtype, "pipeline": pipe, "serial": serial,
+        rows.append({"shape": shape, "dtype": dtype, "kept": len(kept), "pruned": pruned,
+                     "pipeline": pipe, "serial": serial,
                      "serial_extrapolated_s": full, "speedup": full / pipe["seconds"]})
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"

@@ -36,6 +36,18 @@ def test_matmul_shared_memory_constraint_prunes_before_compiling():
     assert k.space().violation(fits, ctx) is None
 
 
+def test_matmul_prunes_accumulators_that_cannot_fit_in_registers():
+    k = get_kernel("matmul")
+    ctx = ProblemContext({"M": 4096, "N": 4096, "K": 4096}, "float16")
+    spills = KernelConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=4,
+                          num_stages=3)  # 256 fp32 registers per thread for the accumulator
+    fits = KernelConfig({**spills.to_dict(), "num_warps": 8})  # 128
+    assert "256 registers" in (k.space().violation(spills, ctx) or "")
+    assert k.space().violation(fits, ctx) is None
+    assert all(k.space().violation(c, ctx) is None
+               for c in k.known_good_configs(ctx.shape, ctx.dtype))
+
+
 def test_matmul_prunes_tiles_larger_than_a_skinny_problem():
     k = get_kernel("matmul")
     ctx = ProblemContext({"M": 8, "N": 4096, "K": 4096}, "float16")

@@ -1,4 +1,10 @@
-"""SQLAlchemy 2 typed models. The Alembic migrations in ``db/migrations`` create exactly these."""
+"""SQLAlchemy 2 typed models. The Alembic migrations in ``db/migrations`` create exactly these
+(``tests/test_db.py`` compares the two, so they cannot drift).
+
+Every timestamp is a timezone-aware UTC ``datetime`` on both backends: SQLite has no time zone
+type and hands back naive values, so ``UTCDateTime`` stores UTC wall time and re-attaches UTC
+when reading.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +16,53 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Dialect,
     Float,
     ForeignKey,
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+#: Lifecycle of jobs and tasks: queued -> running -> succeeded | failed | cancelled.
+ACTIVE = ("queued", "running")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
 
 def utcnow() -> datetime:
+    """Now, as a timezone-aware UTC datetime (the only kind stored)."""
     return datetime.now(UTC)
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that always returns aware UTC datetimes (naive input is
+    taken as UTC), so comparisons never mix naive and aware values on SQLite."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime}
 
 
 class Device(Base):
+    """A machine a worker ran on: a GPU SKU (``cuda:NVIDIA H200:sm90``), the CPU interpreter
+    (``interpret:cpu``) or a recorded table (``replay:NVIDIA H200``), with its measured limits."""
+
     __tablename__ = "devices"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -45,12 +79,14 @@ class Device(Base):
     driver_version: Mapped[str | None] = mapped_column(String(40))
     copy_gbps: Mapped[float | None] = mapped_column(Float)
     matmul_tflops: Mapped[float | None] = mapped_column(Float)
-    calibrated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    calibrated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Job(Base):
+    """One submission: a kernel, dtype and budget, with one task per shape."""
+
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -58,6 +94,7 @@ class Job(Base):
     kernel_version: Mapped[str] = mapped_column(String(40))
     dtype: Mapped[str] = mapped_column(String(20))
     status: Mapped[str] = mapped_column(String(20), index=True, default="queued")
+    #: the device that must run it; None: any worker
     device_key: Mapped[str | None] = mapped_column(String(200))
     backend: Mapped[str] = mapped_column(String(20), default="auto")
     strategy: Mapped[str] = mapped_column(String(40), default="auto")
@@ -65,17 +102,20 @@ class Job(Base):
     budget_seconds: Mapped[float | None] = mapped_column(Float)
     force: Mapped[bool] = mapped_column(Boolean, default=False)
     seed: Mapped[int] = mapped_column(Integer, default=0)
+    #: sha256 of what makes two submissions the same (``repo.request_key``)
     request_key: Mapped[str] = mapped_column(String(64), index=True)
     error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.id",
                                              cascade="all, delete-orphan")
 
 
 class Task(Base):
+    """One shape of a job: claimed by a worker under a lease, with its progress so far."""
+
     __tablename__ = "tasks"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -86,22 +126,25 @@ class Task(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_owner: Mapped[str | None] = mapped_column(String(100))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: the device that ran it
     device_key: Mapped[str | None] = mapped_column(String(200))
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_ms: Mapped[float | None] = mapped_column(Float)
     best_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: outcome value -> number of trials with it
     outcome_counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow,
-                                                 onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="tasks")
 
 
 class Trial(Base):
+    """One measured config of a task (numbered from 1 within the task)."""
+
     __tablename__ = "trials"
     __table_args__ = (UniqueConstraint("task_id", "number", name="uq_trial_task_number"),)
 
@@ -117,10 +160,12 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     compile_s: Mapped[float | None] = mapped_column(Float)
     max_error: Mapped[float | None] = mapped_column(Float)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class BestConfig(Base):
+    """The best verified config for one identity (see DESIGN.md, "Identity")."""
+
     __tablename__ = "best_configs"
     __table_args__ = (UniqueConstraint("device_key", "kernel", "kernel_version", "dtype",
                                        "shape_key", "triton_version", name="uq_best_key"),)
@@ -142,4 +187,4 @@ class BestConfig(Base):
     torch_version: Mapped[str | None] = mapped_column(String(40))
     cuda_version: Mapped[str | None] = mapped_column(String(40))
     task_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id", ondelete="SET NULL"))
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

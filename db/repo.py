@@ -1,9 +1,16 @@
 """Repository functions: every query the service makes, in one place.
 
-Functions take a ``Session`` and leave committing to the caller unless they say otherwise. Task
-claiming is safe with many workers: PostgreSQL uses ``SELECT ... FOR UPDATE SKIP LOCKED``; SQLite
-(one writer at a time) claims with a compare-and-set UPDATE that only succeeds while the task is
-still queued.
+Functions take a ``Session`` and leave committing to the caller unless they say otherwise.
+Functions that return rows return them fresh from the database (reloaded where a guarded
+UPDATE changed them), so callers can read them after commit.
+
+Concurrency: every state change that two processes could race for is a guarded UPDATE (a
+compare-and-set whose WHERE clause states the status it expects), so a row changes hands at
+most once whatever the interleaving. On PostgreSQL, claims also pick candidates with
+``SELECT ... FOR UPDATE SKIP LOCKED`` so that workers do not queue behind each other; SQLite
+has one writer at a time and relies on the guard alone. Best configs and devices are written
+with ``INSERT ... ON CONFLICT DO NOTHING`` followed by a guarded UPDATE, so two workers storing
+the same key at once never fail on the unique constraint.
 """
 
 from __future__ import annotations
@@ -12,22 +19,74 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Result, Select, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
-from db.models import BestConfig, Device, Job, Task, Trial, utcnow
+from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Task, Trial, utcnow
 from tuner.shapes import shape_key
 
-TERMINAL = ("succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "running")
+#: how many claim candidates SQLite tries per query (several workers may race for the first)
+_SQLITE_CLAIM_CANDIDATES = 8
 
 
 class NotFound(LookupError):
-    """No row with that id."""
+    """No row with that id or key (the API answers 404)."""
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def _rowcount(result: Result[Any]) -> int:
+    return int(cast(CursorResult[Any], result).rowcount)
+
+
+def _changed(session: Session, statement: Any) -> bool:
+    """Run a guarded UPDATE that targets one row; True when it matched."""
+    return _rowcount(session.execute(statement.execution_options(
+        synchronize_session=False))) == 1
+
+
+def _changed_row(session: Session, model: type[Any], row_id: Any, statement: Any) -> bool:
+    """``_changed``, then the session's copy of the row (if it holds one) reloads on next
+    access, so callers holding it never read what the UPDATE replaced."""
+    changed = _changed(session, statement)
+    cached = session.identity_map.get(identity_key(model, row_id))
+    if cached is not None:
+        session.expire(cached)
+    return changed
+
+
+def _is_postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _insert_ignoring_conflicts(session: Session, model: type[Any], values: Mapping[str, Any],
+                               key: Sequence[str]) -> bool:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING``; True when the row was inserted."""
+    dialect = session.get_bind().dialect.name
+    insert_for: Callable[..., Any]
+    if dialect == "postgresql":
+        insert_for = postgresql.insert
+    elif dialect == "sqlite":
+        insert_for = sqlite.insert
+    else:
+        raise NotImplementedError(f"database {dialect!r}: use SQLite or PostgreSQL")
+    statement = (insert_for(model).values(**values).on_conflict_do_nothing(index_elements=key)
+                 .returning(model.id))  # rowcount is -1 on psycopg; a returned id is certain
+    return session.execute(statement).first() is not None
+
+
+def _reloaded(session: Session, model: type[Any], row_id: Any) -> Any:
+    """The row as the database has it now (in-session copies are overwritten)."""
+    row = session.get(model, row_id, populate_existing=True)
+    if row is None:
+        raise NotFound(f"no {model.__tablename__} row {row_id!r}")
+    return row
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -38,30 +97,52 @@ _DEVICE_FIELDS = ("kind", "name", "compute_capability", "sm_count", "memory_byte
 
 
 def upsert_device(session: Session, fingerprint: Mapping[str, Any]) -> Device:
-    """The device row for ``fingerprint["key"]``, created or refreshed."""
-    device = session.scalar(select(Device).where(Device.key == fingerprint["key"]))
-    if device is None:
-        device = Device(key=fingerprint["key"])
-        session.add(device)
-    for name in _DEVICE_FIELDS:
-        if name in fingerprint:
-            setattr(device, name, fingerprint[name])
-    device.last_seen_at = utcnow()
-    session.flush()
+    """The device row for ``fingerprint["key"]``, created or refreshed: the fields of
+    ``_DEVICE_FIELDS`` present in ``fingerprint`` are written and ``last_seen_at`` is now.
+    Other keys are ignored. A new device needs ``kind`` and ``name``: ValueError otherwise."""
+    key = fingerprint.get("key")
+    if not key:
+        raise ValueError(f"device fingerprint has no 'key': {dict(fingerprint)!r}")
+    fields = {f: fingerprint[f] for f in _DEVICE_FIELDS if f in fingerprint}
+    now = utcnow()
+    if {"kind", "name"} <= fields.keys():
+        _insert_ignoring_conflicts(session, Device, {"key": key, **fields, "created_at": now,
+                                                     "last_seen_at": now}, ["key"])
+    if not _changed(session, update(Device).where(Device.key == key)
+                    .values(**fields, last_seen_at=now)):
+        raise ValueError(f"device {key!r} is new: its fingerprint needs 'kind' and 'name'")
+    device = session.scalars(select(Device).where(Device.key == key)
+                             .execution_options(populate_existing=True)).one()
     return device
 
 
+def touch_device(session: Session, device_key: str) -> bool:
+    """Mark a device as seen now (a worker's presence beat); False if there is no such row."""
+    return _changed(session, update(Device).where(Device.key == device_key)
+                    .values(last_seen_at=utcnow()))
+
+
 def list_devices(session: Session) -> list[Device]:
+    """Every known device, by key."""
     return list(session.scalars(select(Device).order_by(Device.key)))
 
 
 def set_calibration(session: Session, device_key: str, copy_gbps: float | None,
-                    matmul_tflops: float | None) -> None:
+                    matmul_tflops: float | None) -> Device:
+    """Record a device's measured limits (the roofline's ceilings). NotFound if unknown."""
     device = session.scalar(select(Device).where(Device.key == device_key))
     if device is None:
         raise NotFound(f"no device {device_key!r}")
     device.copy_gbps, device.matmul_tflops = copy_gbps, matmul_tflops
     device.calibrated_at = utcnow()
+    session.flush()
+    return device
+
+
+def single_gpu_device_key(session: Session) -> str | None:
+    """The one real GPU device this service knows, when there is exactly one."""
+    keys = list(session.scalars(select(Device.key).where(Device.kind == "cuda")))
+    return keys[0] if len(keys) == 1 else None
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -70,6 +151,8 @@ def request_key(*, kernel: str, kernel_version: str, dtype: str,
                 shapes: Sequence[Mapping[str, int]], budget_trials: int,
                 budget_seconds: float | None, strategy: str, backend: str,
                 device_key: str | None) -> str:
+    """sha256 (hex) of what makes two submissions the same; shape order does not matter.
+    ``seed`` and ``force`` are left out: a resubmission differing only in them is a duplicate."""
     payload = json.dumps([kernel, kernel_version, dtype, sorted(shape_key(s) for s in shapes),
                           budget_trials, budget_seconds, strategy, backend, device_key])
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -79,14 +162,14 @@ def create_job(session: Session, *, kernel: str, kernel_version: str, dtype: str
                shapes: Sequence[Mapping[str, int]], budget_trials: int,
                budget_seconds: float | None, strategy: str, force: bool, seed: int,
                backend: str, device_key: str | None) -> Job:
-    """A queued job with one queued task per shape."""
+    """A queued job with one queued task per shape (in the given order), flushed."""
+    key = request_key(kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
+                      budget_trials=budget_trials, budget_seconds=budget_seconds,
+                      strategy=strategy, backend=backend, device_key=device_key)
     job = Job(id=uuid.uuid4().hex, kernel=kernel, kernel_version=kernel_version, dtype=dtype,
               status="queued", device_key=device_key, backend=backend, strategy=strategy,
               budget_trials=budget_trials, budget_seconds=budget_seconds, force=force, seed=seed,
-              request_key=request_key(kernel=kernel, kernel_version=kernel_version, dtype=dtype,
-                                      shapes=shapes, budget_trials=budget_trials,
-                                      budget_seconds=budget_seconds, strategy=strategy,
-                                      backend=backend, device_key=device_key))
+              request_key=key)
     job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status="queued",
                       outcome_counts={}) for s in shapes]
     session.add(job)
@@ -94,12 +177,15 @@ def create_job(session: Session, *, kernel: str, kernel_version: str, dtype: str
     return job
 
 
-def find_active_duplicate(session: Session, key: str) -> Job | None:
-    return session.scalar(select(Job).where(Job.request_key == key, Job.status.in_(ACTIVE))
-                          .order_by(Job.created_at).limit(1))
+def find_active_duplicate(session: Session, request_key: str) -> Job | None:
+    """The oldest queued or running job with this request key, if any."""
+    return session.scalar(select(Job).where(Job.request_key == request_key,
+                                            Job.status.in_(ACTIVE))
+                          .order_by(Job.created_at, Job.id).limit(1))
 
 
 def get_job(session: Session, job_id: str) -> Job:
+    """The job; NotFound if there is none."""
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound(f"no job {job_id!r}")
@@ -108,6 +194,7 @@ def get_job(session: Session, job_id: str) -> Job:
 
 def list_jobs(session: Session, status: str | None = None, kernel: str | None = None,
               limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+    """One page of jobs, newest first, and how many match in all."""
     query = select(Job)
     if status:
         query = query.where(Job.status == status)
@@ -125,21 +212,72 @@ def count_jobs_by_status(session: Session) -> dict[str, int]:
 
 
 def cancel_job(session: Session, job_id: str) -> Job:
-    """Cancel a job's unfinished tasks; a running task stops at its next check."""
-    job = get_job(session, job_id)
+    """Cancel the job and its queued and running tasks (a running task's worker sees it at its
+    next check or lease renewal). Finished tasks and finished jobs are left as they are.
+    NotFound if there is no such job."""
+    get_job(session, job_id)
     now = utcnow()
+    session.execute(update(Task).where(Task.job_id == job_id, Task.status.in_(ACTIVE))
+                    .values(status="cancelled", finished_at=now, lease_owner=None,
+                            lease_expires_at=None)
+                    .execution_options(synchronize_session=False))
+    session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
+                    .values(status="cancelled", finished_at=now)
+                    .execution_options(synchronize_session=False))
+    return _reloaded_job(session, job_id)
+
+
+def _reloaded_job(session: Session, job_id: str) -> Job:
+    session.scalars(select(Task).where(Task.job_id == job_id)
+                    .execution_options(populate_existing=True)).all()
+    return cast(Job, _reloaded(session, Job, job_id))
+
+
+def _settle_job(session: Session, job_id: str) -> None:
+    """Once every task of an active job is terminal, the job is too: failed if any task failed,
+    else cancelled if any was cancelled, else succeeded. A finished job is left alone."""
+    tasks = session.execute(select(Task.status, Task.shape_key, Task.error)
+                            .where(Task.job_id == job_id)).all()
+    statuses = {t.status for t in tasks}
+    if not statuses or not statuses <= set(TERMINAL):
+        return
+    error = None
+    if "failed" in statuses:
+        status = "failed"
+        error = "; ".join(f"{t.shape_key}: {t.error}" for t in tasks if t.error)[:4000] or None
+    else:
+        status = "cancelled" if "cancelled" in statuses else "succeeded"
+    _changed_row(session, Job, job_id, update(Job).where(Job.id == job_id,
+                                                         Job.status.in_(ACTIVE))
+                 .values(status=status, error=error, finished_at=utcnow()))
+
+
+def answer_tuned_tasks(session: Session, job: Job) -> int:
+    """Mark the job's queued tasks whose shape is already tuned on the target device (the
+    job's, or the only GPU this service knows) as succeeded from the store. Returns how many;
+    the job is succeeded when that covers every shape."""
+    device_key = job.device_key or single_gpu_device_key(session)
+    if device_key is None:
+        return 0
+    answered = 0
     for task in job.tasks:
-        if task.status in ACTIVE:
-            task.status, task.finished_at, task.lease_owner = "cancelled", now, None
-    if job.status in ACTIVE:
-        job.status, job.finished_at = "cancelled", now
+        best = get_best(session, device_key=device_key, kernel=job.kernel, dtype=job.dtype,
+                        shape_key=task.shape_key, kernel_version=job.kernel_version)
+        if best is None or task.status != "queued":
+            continue
+        task.status, task.device_key, task.finished_at = "succeeded", device_key, utcnow()
+        task.best_ms, task.best_config, task.error = best.p50_ms, dict(best.config), None
+        answered += 1
     session.flush()
-    return job
+    _settle_job(session, job.id)
+    _reloaded_job(session, job.id)
+    return answered
 
 
-# -- tasks ------------------------------------------------------------------------------------
+# -- tasks: claim, lease, finish --------------------------------------------------------------
 
 def get_task(session: Session, task_id: int) -> Task:
+    """The task; NotFound if there is none."""
     task = session.get(Task, task_id)
     if task is None:
         raise NotFound(f"no task {task_id}")
@@ -148,37 +286,46 @@ def get_task(session: Session, task_id: int) -> Task:
 
 def claim_task(session: Session, *, worker_id: str, device_key: str,
                lease_seconds: float) -> Task | None:
-    """The oldest queued task this device may run, now leased to ``worker_id``; None if none."""
-    query = (select(Task.id).join(Job).where(
-        Task.status == "queued", Job.status.in_(ACTIVE),
-        or_(Job.device_key.is_(None), Job.device_key == device_key))
-        .order_by(Job.created_at, Task.id).limit(8))
-    postgres = session.get_bind().dialect.name == "postgresql"
-    if postgres:
-        query = query.with_for_update(skip_locked=True, of=Task)
-    for task_id in list(session.scalars(query)):
-        if _lease(session, task_id, worker_id, lease_seconds):
-            task = get_task(session, task_id)
-            session.refresh(task)
-            _mark_job_running(task.job)
-            return task
+    """Lease the oldest claimable task to ``worker_id`` for ``lease_seconds``; None if there
+    is none. Claimable: queued, in a job that is not finished or cancelled, and whose job
+    targets ``device_key`` or any device. The task becomes running with one more attempt;
+    its job becomes running. Two workers never get the same task (the claim is a guarded
+    UPDATE; commit soon, as PostgreSQL holds the candidate's row lock until then)."""
+    while candidates := _claim_candidates(session, device_key):
+        for task_id in candidates:
+            if _lease(session, task_id, worker_id, lease_seconds):
+                task = cast(Task, _reloaded(session, Task, task_id))
+                _mark_job_running(session, task.job_id)
+                return task
     return None
+
+
+def _claim_candidates(session: Session, device_key: str) -> list[int]:
+    query = (select(Task.id).join(Job, Task.job_id == Job.id)
+             .where(Task.status == "queued", Job.status.in_(ACTIVE),
+                    or_(Job.device_key.is_(None), Job.device_key == device_key))
+             .order_by(Job.created_at, Task.id))
+    if _is_postgres(session):  # rows another claim holds are skipped, not waited for
+        query = query.limit(1).with_for_update(skip_locked=True, of=Task)
+    else:
+        query = query.limit(_SQLITE_CLAIM_CANDIDATES)
+    return list(session.scalars(query))
 
 
 def _lease(session: Session, task_id: int, worker_id: str, lease_seconds: float) -> bool:
     now = utcnow()
-    result = session.execute(
-        update(Task).where(Task.id == task_id, Task.status == "queued")
-        .values(status="running", attempts=Task.attempts + 1, lease_owner=worker_id,
-                lease_expires_at=now + timedelta(seconds=lease_seconds), started_at=now,
-                updated_at=now)
-        .execution_options(synchronize_session=False))
-    return bool(getattr(result, "rowcount", 0) == 1)
+    return _changed(session, update(Task).where(Task.id == task_id, Task.status == "queued")
+                    .values(status="running", attempts=Task.attempts + 1,
+                            lease_owner=worker_id,
+                            lease_expires_at=now + timedelta(seconds=lease_seconds),
+                            started_at=now, error=None))
 
 
-def _mark_job_running(job: Job) -> None:
-    if job.status == "queued":
-        job.status, job.started_at = "running", utcnow()
+def _mark_job_running(session: Session, job_id: str) -> None:
+    session.execute(update(Job).where(Job.id == job_id, Job.status == "queued")
+                    .values(status="running", started_at=utcnow())
+                    .execution_options(synchronize_session=False))
+    _reloaded(session, Job, job_id)
 
 
 def start_task_locally(session: Session, task_id: int, worker_id: str) -> Task:
@@ -186,244 +333,85 @@ def start_task_locally(session: Session, task_id: int, worker_id: str) -> Task:
     task = get_task(session, task_id)
     task.status, task.lease_owner, task.attempts = "running", worker_id, task.attempts + 1
     task.started_at = utcnow()
-    _mark_job_running(task.job)
     session.flush()
+    _mark_job_running(session, task.job_id)
     return task
 
 
 def set_task_device(session: Session, task_id: int, device_key: str) -> None:
+    """Record the device that runs the task."""
     get_task(session, task_id).device_key = device_key
 
 
 def renew_lease(session: Session, task_id: int, worker_id: str, lease_seconds: float) -> bool:
-    """Extend the lease; False when the task is no longer this worker's (reaped, cancelled)."""
-    result = session.execute(
-        update(Task).where(Task.id == task_id, Task.lease_owner == worker_id,
-                           Task.status == "running")
-        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
-        .execution_options(synchronize_session=False))
-    return bool(getattr(result, "rowcount", 0) == 1)
-
-
-def reap_expired(session: Session, now: datetime | None = None) -> int:
-    """Re-queue running tasks whose lease expired (their worker died), up to their attempt
-    limit; fail those that used every attempt. Returns how many tasks it touched."""
-    now = now or utcnow()
-    expired = list(session.scalars(select(Task).where(
-        Task.status == "running", Task.lease_expires_at.is_not(None),
-        Task.lease_expires_at < now).with_for_update(skip_locked=True)))
-    for task in expired:
-        task.lease_owner, task.lease_expires_at = None, None
-        if task.attempts < task.max_attempts:
-            task.status = "queued"
-        else:
-            task.status, task.finished_at = "failed", now
-            task.error = f"the worker's lease expired {task.attempts} times; giving up"
-            _settle_job(session, task.job)
-    session.flush()
-    return len(expired)
-
-
-def finish_task(session: Session, task_id: int, status: str, error: str | None = None) -> Task:
-    task = get_task(session, task_id)
-    if task.status == "cancelled" and status != "cancelled":
-        status = "cancelled"  # cancelled while it ran: keep the user's decision
-    if status == "lost":  # another worker has it now (its lease expired): leave it alone
-        return task
-    task.status, task.error, task.finished_at = status, error, utcnow()
-    task.lease_owner, task.lease_expires_at = None, None
-    _settle_job(session, task.job)
-    session.flush()
-    return task
-
-
-def _settle_job(session: Session, job: Job) -> None:
-    statuses = {t.status for t in job.tasks}
-    if not statuses <= set(TERMINAL):
-        return
-    if "failed" in statuses:
-        job.status = "failed"
-        job.error = "; ".join(f"{t.shape_key}: {t.error}" for t in job.tasks if t.error)[:4000]
-    elif "cancelled" in statuses:
-        job.status = "cancelled"
-    else:
-        job.status = "succeeded"
-    job.finished_at = job.finished_at or utcnow()
-
-
-# -- trials -----------------------------------------------------------------------------------
-
-def record_trial(session: Session, task_id: int, number: int,
-                 measurement: Mapping[str, Any]) -> Trial:
-    """Store one trial and update the task's progress, outcome counts and best so far."""
-    config = dict(measurement["config"])
-    trial = Trial(task_id=task_id, number=number, config=config,
-                  config_key=",".join(f"{k}={config[k]}" for k in sorted(config)),
-                  outcome=str(measurement["outcome"]), p20_ms=measurement.get("p20_ms"),
-                  p50_ms=measurement.get("p50_ms"), p80_ms=measurement.get("p80_ms"),
-                  error=measurement.get("error"), compile_s=measurement.get("compile_s"),
-                  max_error=measurement.get("max_error"))
-    session.add(trial)
-    task = get_task(session, task_id)
-    task.trials_done = max(task.trials_done, number)
-    counts = dict(task.outcome_counts or {})
-    counts[trial.outcome] = counts.get(trial.outcome, 0) + 1
-    task.outcome_counts = counts
-    if trial.outcome == "ok" and trial.p50_ms is not None and (
-            task.best_ms is None or trial.p50_ms < task.best_ms):
-        task.best_ms, task.best_config = trial.p50_ms, config
-    session.flush()
-    return trial
-
-
-def trials_for_task(session: Session, task_id: int) -> list[Trial]:
-    return list(session.scalars(select(Trial).where(Trial.task_id == task_id)
-                                .order_by(Trial.number)))
-
-
-# -- best configs -----------------------------------------------------------------------------
-
-def store_best(session: Session, *, device_key: str, kernel: str, kernel_version: str,
-               dtype: str, shape: Mapping[str, int], triton_version: str,
-               config: Mapping[str, int], p20_ms: float, p50_ms: float, p80_ms: float,
-               tflops: float | None, gbps: float | None, torch_version: str | None,
-               cuda_version: str | None, task_id: int | None,
-               noise_margin: float = 0.0) -> tuple[BestConfig, bool]:
-    """Insert the best config for its key, or replace the stored one only when the new one is
-    faster beyond ``noise_margin`` (relative). Returns the row and whether it was written."""
-    key = shape_key(shape)
-    row = session.scalar(select(BestConfig).where(
-        BestConfig.device_key == device_key, BestConfig.kernel == kernel,
-        BestConfig.kernel_version == kernel_version, BestConfig.dtype == dtype,
-        BestConfig.shape_key == key, BestConfig.triton_version == triton_version))
-    if row is not None and not p50_ms < row.p50_ms * (1 - noise_margin):
-        return row, False
-    if row is None:
-        row = BestConfig(device_key=device_key, kernel=kernel, kernel_version=kernel_version,
-                         dtype=dtype, shape_key=key, triton_version=triton_version)
-        session.add(row)
-    row.shape, row.config = dict(shape), dict(config)
-    row.p20_ms, row.p50_ms, row.p80_ms, row.tflops, row.gbps = p20_ms, p50_ms, p80_ms, tflops, gbps
-    row.torch_version, row.cuda_version, row.task_id = torch_version, cuda_version, task_id
-    row.updated_at = utcnow()
-    session.flush()
-    return row, True
-
-
-def _best_query(kernel: str | None = None, device_key: str | None = None,
-                dtype: str | None = None) -> Any:
-    query = select(BestConfig)
-    if kernel:
-        query = query.where(BestConfig.kernel == kernel)
-    if device_key:
-        query = query.where(BestConfig.device_key == device_key)
-    if dtype:
-        query = query.where(BestConfig.dtype == dtype)
-    return query
-
-
-def get_best(session: Session, *, device_key: str, kernel: str, dtype: str, shape_key: str,
-             kernel_version: str | None = None,
-             triton_version: str | None = None) -> BestConfig | None:
-    """The stored best for an exact key (newest when versions are not given)."""
-    query = _best_query(kernel, device_key, dtype).where(BestConfig.shape_key == shape_key)
-    if kernel_version:
-        query = query.where(BestConfig.kernel_version == kernel_version)
-    if triton_version:
-        query = query.where(BestConfig.triton_version == triton_version)
-    return session.scalar(query.order_by(BestConfig.updated_at.desc()).limit(1))
-
-
-def list_best(session: Session, kernel: str | None = None, device_key: str | None = None,
-              dtype: str | None = None) -> list[BestConfig]:
-    query = _best_query(kernel, device_key, dtype)
-    order = (BestConfig.kernel, BestConfig.dtype, BestConfig.device_key, BestConfig.shape_key)
-    return list(session.scalars(query.order_by(*order)))
-
-
-def shape_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
-    """Euclidean distance over log2 of each dimension (so 2x in any dimension counts 1)."""
-    return math.sqrt(sum((math.log2(max(1, a.get(k, 1))) - math.log2(max(1, v))) ** 2
-                         for k, v in b.items()))
-
-
-def nearest_best(session: Session, *, device_key: str, kernel: str, dtype: str,
-                 shape: Mapping[str, int], kernel_version: str | None = None
-                 ) -> tuple[BestConfig, float] | None:
-    rows = list_best(session, kernel=kernel, device_key=device_key, dtype=dtype)
-    if kernel_version:
-        rows = [r for r in rows if r.kernel_version == kernel_version]
-    if not rows:
-        return None
-    best = min(rows, key=lambda r: (shape_distance(r.shape, shape), -r.updated_at.timestamp()))
-    return best, shape_distance(best.shape, shape)
-
-
-def shape_key_of(shape: Mapping[str, int]) -> str:
-    return shape_key(shape)
-
-
-def single_gpu_device_key(session: Session) -> str | None:
-    """The one real GPU device this service knows, when there is exactly one."""
-    keys = list(session.scalars(select(Device.key).where(Device.kind == "cuda")))
-    return keys[0] if len(keys) == 1 else None
-
-
-def answer_tuned_tasks(session: Session, job: Job) -> int:
-    """Mark the job's tasks whose shape is already tuned on the target device (the job's, or
-    the only GPU this service knows) as succeeded from the store. Returns how many."""
-    device_key = job.device_key or single_gpu_device_key(session)
-    if device_key is None:
-        return 0
-    answered = 0
-    for task in job.tasks:
-        best = get_best(session, device_key=device_key, kernel=job.kernel, dtype=job.dtype,
-                        shape_key=task.shape_key, kernel_version=job.kernel_version)
-        if best is None:
-            continue
-        task.status, task.device_key, task.finished_at = "succeeded", device_key, utcnow()
-        task.best_ms, task.best_config = best.p50_ms, dict(best.config)
-        task.error = None
-        answered += 1
-    _settle_job(session, job)
-    session.flush()
-    return answered
-
-
-def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int]) -> None:
-    """The task's final best, after the finalists were re-timed side by side."""
-    task = get_task(session, task_id)
-    task.best_ms, task.best_config = ms, dict(config)
-
-
-# -- service additions (issue 3: worker presence, graceful stop, health) ----------------------
-# Added by the service work; kept in one block so the owner of db/ can fold them in.
-
-def _as_utc(moment: datetime) -> datetime:
-    """SQLite hands back naive datetimes for timezone-aware columns; they are UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=utcnow().tzinfo)
-
-
-def touch_device(session: Session, device_key: str) -> bool:
-    """Mark a device as seen now (a worker's presence beat); False if there is no such row."""
-    result = session.execute(update(Device).where(Device.key == device_key)
-                             .values(last_seen_at=utcnow())
-                             .execution_options(synchronize_session=False))
-    return bool(getattr(result, "rowcount", 0) == 1)
+    """Extend the lease to ``lease_seconds`` from now. False when the task is no longer this
+    worker's: reaped, cancelled, or finished."""
+    return _changed_row(session, Task, task_id, update(Task).where(
+        Task.id == task_id, Task.lease_owner == worker_id, Task.status == "running")
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
 
 
 def release_task(session: Session, task_id: int, worker_id: str) -> bool:
     """Give a running task back to the queue because its worker is shutting down cleanly. The
     attempt is not counted (nothing went wrong) and the stored trials stay, so the next worker
     resumes the search. False when the task is no longer this worker's."""
-    result = session.execute(
-        update(Task).where(Task.id == task_id, Task.lease_owner == worker_id,
-                           Task.status == "running")
-        # a claim counted this attempt (attempts >= 1 while running under a lease)
+    return _changed_row(session, Task, task_id, update(Task).where(
+        Task.id == task_id, Task.lease_owner == worker_id, Task.status == "running")
+        # the claim counted this attempt (attempts >= 1 while leased)
         .values(status="queued", lease_owner=None, lease_expires_at=None,
-                attempts=Task.attempts - 1, updated_at=utcnow())
-        .execution_options(synchronize_session=False))
-    return bool(getattr(result, "rowcount", 0) == 1)
+                attempts=Task.attempts - 1))
+
+
+def reap_expired(session: Session, now: datetime | None = None) -> int:
+    """Running tasks whose lease expired before ``now`` (their worker died or hung) go back to
+    the queue while they have attempts left, else fail with an error saying how many times
+    the lease expired (and their job settles). Returns how many tasks changed."""
+    now = now or utcnow()
+    expired = session.execute(select(Task.id, Task.job_id, Task.attempts, Task.max_attempts)
+                              .where(Task.status == "running",
+                                     Task.lease_expires_at.is_not(None),
+                                     Task.lease_expires_at < now)).all()
+    changed = 0
+    for task in expired:
+        guard = update(Task).where(Task.id == task.id, Task.status == "running",
+                                   Task.lease_expires_at < now,
+                                   Task.attempts == task.attempts)
+        released = dict(lease_owner=None, lease_expires_at=None)
+        if task.attempts < task.max_attempts:
+            changed += _changed_row(session, Task, task.id,
+                                    guard.values(status="queued", **released))
+        elif _changed_row(session, Task, task.id, guard.values(
+                status="failed", finished_at=now, **released,
+                error=f"the worker's lease expired {task.attempts} times "
+                      f"(max_attempts={task.max_attempts}); giving up")):
+            changed += 1
+            _settle_job(session, task.job_id)
+    return changed
+
+
+#: statuses a worker may finish a task with; "lost" means "not mine any more: change nothing"
+FINISH_STATUSES = (*TERMINAL, "lost")
+
+
+def finish_task(session: Session, task_id: int, status: str, error: str | None = None,
+                *, worker_id: str | None = None) -> Task:
+    """Finish a queued or running task as ``status`` (succeeded, failed or cancelled) with
+    ``error``, and settle its job once every task is finished. A task that is already finished
+    (e.g. cancelled while it ran) keeps its status. With ``worker_id``, only that lease owner
+    may finish it. ``status="lost"`` changes nothing (the lease went to another worker)."""
+    if status not in FINISH_STATUSES:
+        raise ValueError(f"task status {status!r}: expected one of {', '.join(FINISH_STATUSES)}")
+    task = get_task(session, task_id)
+    if status == "lost":
+        return task
+    guard = update(Task).where(Task.id == task_id, Task.status.in_(ACTIVE))
+    if worker_id is not None:
+        guard = guard.where(Task.lease_owner == worker_id)
+    if _changed(session, guard.values(status=status, error=error, finished_at=utcnow(),
+                                      lease_owner=None, lease_expires_at=None)):
+        _settle_job(session, task.job_id)
+    _reloaded_job(session, task.job_id)
+    return task
 
 
 def running_tasks(session: Session) -> list[Task]:
@@ -437,8 +425,148 @@ def count_tasks_by_status(session: Session) -> dict[str, int]:
     return {status: int(count) for status, count in rows}
 
 
+def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int]) -> None:
+    """The task's final best, after the finalists were re-timed side by side."""
+    task = get_task(session, task_id)
+    task.best_ms, task.best_config = ms, dict(config)
+
+
+# -- trials -----------------------------------------------------------------------------------
+
+def record_trial(session: Session, task_id: int, number: int,
+                 measurement: Mapping[str, Any]) -> Trial:
+    """Store trial ``number`` (from 1) of a task from ``Measurement.to_dict()``, and update
+    the task: trials_done (trials stored), outcome_counts, and best_ms/best_config when the
+    outcome is ok and its p50 is faster. A repeated number violates the unique constraint."""
+    config = dict(measurement["config"])
+    trial = Trial(task_id=task_id, number=number, config=config,
+                  # same as KernelConfig.key(): sorted name=value pairs
+                  config_key=",".join(f"{k}={config[k]}" for k in sorted(config)),
+                  outcome=str(measurement["outcome"]), p20_ms=measurement.get("p20_ms"),
+                  p50_ms=measurement.get("p50_ms"), p80_ms=measurement.get("p80_ms"),
+                  error=measurement.get("error"), compile_s=measurement.get("compile_s"),
+                  max_error=measurement.get("max_error"))
+    session.add(trial)
+    task = get_task(session, task_id)
+    task.trials_done += 1
+    counts = dict(task.outcome_counts or {})
+    counts[trial.outcome] = counts.get(trial.outcome, 0) + 1
+    task.outcome_counts = counts  # a new dict: JSON columns do not track in-place changes
+    if trial.outcome == "ok" and trial.p50_ms is not None and (
+            task.best_ms is None or trial.p50_ms < task.best_ms):
+        task.best_ms, task.best_config = trial.p50_ms, config
+    session.flush()
+    return trial
+
+
+def trials_for_task(session: Session, task_id: int) -> list[Trial]:
+    """The task's trials by number."""
+    return list(session.scalars(select(Trial).where(Trial.task_id == task_id)
+                                .order_by(Trial.number)))
+
+
+# -- best configs -----------------------------------------------------------------------------
+
+def _best_key(device_key: str, kernel: str, kernel_version: str, dtype: str, shape_key: str,
+              triton_version: str) -> dict[str, str]:
+    return dict(device_key=device_key, kernel=kernel, kernel_version=kernel_version,
+                dtype=dtype, shape_key=shape_key, triton_version=triton_version)
+
+
+def _matching(model: type[Any], values: Mapping[str, Any]) -> list[ColumnElement[bool]]:
+    return [getattr(model, name) == value for name, value in values.items()]
+
+
+def store_best(session: Session, *, device_key: str, kernel: str, kernel_version: str,
+               dtype: str, shape: Mapping[str, int], triton_version: str,
+               config: Mapping[str, int], p20_ms: float, p50_ms: float, p80_ms: float,
+               tflops: float | None, gbps: float | None, torch_version: str | None,
+               cuda_version: str | None, task_id: int | None,
+               noise_margin: float = 0.0) -> tuple[BestConfig, bool]:
+    """Insert the best config for its key, or replace the stored one only when the new p50 is
+    below the stored p50 * (1 - ``noise_margin``). Returns the stored row and whether this
+    call wrote it. Safe when two workers store the same key at once."""
+    key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version)
+    result = dict(shape=dict(shape), config=dict(config), p20_ms=p20_ms, p50_ms=p50_ms,
+                  p80_ms=p80_ms, tflops=tflops, gbps=gbps, torch_version=torch_version,
+                  cuda_version=cuda_version, task_id=task_id, updated_at=utcnow())
+    written = _insert_ignoring_conflicts(session, BestConfig, {**key, **result}, list(key))
+    if not written:
+        written = _changed(session, update(BestConfig).where(
+            *_matching(BestConfig, key), BestConfig.p50_ms * (1 - noise_margin) > p50_ms)
+            .values(**result))
+    row = session.scalars(select(BestConfig).where(*_matching(BestConfig, key))
+                          .execution_options(populate_existing=True)).one()
+    return row, written
+
+
+def _best_query(kernel: str | None = None, device_key: str | None = None,
+                dtype: str | None = None) -> Select[BestConfig]:
+    query = select(BestConfig)
+    if kernel:
+        query = query.where(BestConfig.kernel == kernel)
+    if device_key:
+        query = query.where(BestConfig.device_key == device_key)
+    if dtype:
+        query = query.where(BestConfig.dtype == dtype)
+    return query
+
+
+def get_best(session: Session, *, device_key: str, kernel: str, dtype: str, shape_key: str,
+             kernel_version: str | None = None,
+             triton_version: str | None = None) -> BestConfig | None:
+    """The stored best for an exact shape on a device; among several kernel or Triton
+    versions (when not given), the most recently updated."""
+    query = _best_query(kernel, device_key, dtype).where(BestConfig.shape_key == shape_key)
+    if kernel_version:
+        query = query.where(BestConfig.kernel_version == kernel_version)
+    if triton_version:
+        query = query.where(BestConfig.triton_version == triton_version)
+    order = (BestConfig.updated_at.desc(), BestConfig.id.desc())
+    return session.scalar(query.order_by(*order).limit(1))
+
+
+def list_best(session: Session, kernel: str | None = None, device_key: str | None = None,
+              dtype: str | None = None) -> list[BestConfig]:
+    """Stored bests, filtered, by kernel, dtype, device and shape."""
+    order = (BestConfig.kernel, BestConfig.dtype, BestConfig.device_key, BestConfig.shape_key,
+             BestConfig.id)
+    return list(session.scalars(_best_query(kernel, device_key, dtype).order_by(*order)))
+
+
+def shape_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
+    """Euclidean distance over log2 of each dimension (2x in one dimension counts 1); a
+    dimension missing from one shape counts as 1 there."""
+    return math.sqrt(sum((math.log2(max(1, a.get(k, 1))) - math.log2(max(1, b.get(k, 1)))) ** 2
+                         for k in {*a, *b}))
+
+
+def nearest_best(session: Session, *, device_key: str, kernel: str, dtype: str,
+                 shape: Mapping[str, int], kernel_version: str | None = None
+                 ) -> tuple[BestConfig, float] | None:
+    """The stored best of the same device, kernel and dtype (and kernel version, if given)
+    whose shape is nearest to ``shape`` (``shape_distance``; ties: most recently updated),
+    with its distance; None if there is none. An exact match has distance 0."""
+    rows: Iterable[BestConfig] = list_best(session, kernel=kernel, device_key=device_key,
+                                           dtype=dtype)
+    if kernel_version:
+        rows = [r for r in rows if r.kernel_version == kernel_version]
+    scored = [(shape_distance(r.shape, shape), -r.updated_at.timestamp(), r.id, r) for r in rows]
+    if not scored:
+        return None
+    distance, _, _, best = min(scored, key=lambda s: s[:3])
+    return best, distance
+
+
+def shape_key_of(shape: Mapping[str, int]) -> str:
+    """The normalised shape key the store uses (``tuner.shapes.shape_key``)."""
+    return shape_key(shape)
+
+
 def seconds_since(moment: datetime | None, now: datetime | None = None) -> float | None:
-    """Seconds from ``moment`` to ``now`` (None stays None), whatever the backend's tz."""
+    """Seconds from ``moment`` to ``now`` (None stays None); naive datetimes are UTC."""
     if moment is None:
         return None
-    return ((now or utcnow()) - _as_utc(moment)).total_seconds()
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=utcnow().tzinfo)
+    return ((now or utcnow()) - moment).total_seconds()

@@ -1,17 +1,32 @@
-"""Alembic environment: the engine comes from ``db.engine.alembic_config`` (no alembic.ini)."""
+"""Alembic environment. The engine comes from ``db.engine.alembic_config`` (no alembic.ini):
+``config.attributes["engine"]``.
+
+Processes that start at once against an empty database (an API replica and its workers) take
+turns instead of racing to create the same tables; the second finds the schema at head and does
+nothing. PostgreSQL: a transaction-scoped advisory lock. SQLite: ``BEGIN IMMEDIATE`` takes the
+write lock up front (the sqlite3 driver would otherwise run the DDL outside a transaction).
+"""
 
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import text
 
 from db.models import Base
 
-config = context.config
-engine = config.attributes["engine"]
+#: arbitrary, fixed 64-bit key for pg_advisory_xact_lock ("tuner db" in ASCII)
+MIGRATION_LOCK_KEY = 0x74756E6572206462
+
+engine = context.config.attributes["engine"]
 
 with engine.connect() as connection:
     context.configure(connection=connection, target_metadata=Base.metadata,
                       render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                               {"key": MIGRATION_LOCK_KEY})
+        elif connection.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
         context.run_migrations()
     connection.commit()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -38,9 +39,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _mount_dashboard(app: FastAPI) -> None:
     import importlib
 
+    # The dashboard needs jinja2 (a dependency); without it (a minimal image) the API runs alone.
     try:
         dashboard = importlib.import_module("api.dashboard")
-    except ModuleNotFoundError:
+    except ImportError as exc:
+        logging.getLogger(__name__).warning("dashboard off: %s", exc)
         return
     dashboard.install(app)
 

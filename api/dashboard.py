@@ -1,0 +1,468 @@
+"""The results dashboard: server-rendered pages (Jinja2) at ``/`` from the same app as the API.
+
+Pages: overview (``/``), jobs (``/jobs``, live progress over server-sent events from
+``/events/jobs``), one job (``/jobs/{id}``: charts of how its search went), best configs
+(``/configs``, filterable, copyable as JSON, ``triton.Config`` and a vLLM-style entry), a kernel
+(``/kernels/{name}``) and the roofline (``/roofline``). Every table is in the HTML, so the pages
+work without JavaScript; the charts use Plotly.js served from the installed ``plotly`` package
+(``/static/plotly.min.js``: no CDN, GPU clusters are often offline) and read their data from
+JSON embedded in the page, so a page is one request plus cached static files.
+
+Reads follow the API's rules (an API key only where ``auth_reads`` is on; a browser can present
+it as the ``tuner_api_key`` cookie, set at ``/key``); cancelling needs a write key, sent by the
+page's script as a header or typed into the form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.deps import ReadAccess, SessionDep, SettingsDep
+from db import repo
+from db.models import ACTIVE, BestConfig, Job, Task, Trial
+from search_spaces import get_kernel, kernel_names
+from tuner.settings import Settings
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+#: failed trials listed on a job page (the rest are counted)
+MAX_FAILURES_LISTED = 200
+#: configs drawn in the parallel-coordinates view (the fastest ones)
+MAX_PARCOORDS = 300
+#: seconds between server-sent progress events
+EVENT_INTERVAL_S = 1.0
+#: a progress stream ends after this long (the browser's EventSource reconnects by itself)
+EVENT_STREAM_MAX_S = 300.0
+OUTCOME_COLOURS = {"ok": "#2b7bba", "pruned": "#9e9e9e", "compile_error": "#e08214",
+                   "out_of_resources": "#b35806", "wrong_result": "#d7301f", "nan": "#ae017e",
+                   "crash": "#67001f", "timeout": "#542788"}
+
+router = APIRouter(include_in_schema=False, dependencies=[ReadAccess])
+#: what must work without a read key: setting the key, and the static script
+open_router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(TEMPLATES))
+
+
+def plotly_js() -> Path | None:
+    """Plotly.js as shipped inside the installed ``plotly`` Python package, if it is."""
+    try:
+        import plotly
+    except ImportError:
+        return None
+    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+def install(app: FastAPI) -> None:
+    app.include_router(router)
+    app.include_router(open_router)
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+
+def _page(request: Request, template: str, status_code: int = 200,
+          **context: Any) -> HTMLResponse:
+    settings: Settings = request.app.state.settings
+    context.setdefault("title", "")
+    context["charts"] = plotly_js() is not None
+    context["auth"] = bool(settings.parsed_api_keys())
+    return templates.TemplateResponse(request, template, context, status_code=status_code)
+
+
+# -- formatting helpers for the templates ------------------------------------------------------
+
+def shape_text(shape: Mapping[str, int] | None) -> str:
+    return "x".join(str(v) for v in (shape or {}).values())
+
+
+def ms_text(ms: float | None) -> str:
+    if ms is None or not math.isfinite(ms):
+        return "-"
+    return f"{ms:.4f}" if ms < 10 else f"{ms:.1f}"
+
+
+def ago_text(moment: Any) -> str:
+    seconds = repo.seconds_since(moment)
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+templates.env.filters["shape"] = shape_text
+templates.env.filters["ms"] = ms_text
+templates.env.filters["ago"] = ago_text
+templates.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
+
+
+# -- config renderings (what the copy buttons copy) --------------------------------------------
+
+#: meta-parameters that are launch options, not constexprs
+_LAUNCH = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+#: this service's parameter names -> the names vLLM's tuned-config JSON files use
+_VLLM_NAMES = {"BLOCK_M": "BLOCK_SIZE_M", "BLOCK_N": "BLOCK_SIZE_N", "BLOCK_K": "BLOCK_SIZE_K",
+               "GROUP_M": "GROUP_SIZE_M"}
+
+
+def as_triton_config(config: Mapping[str, int]) -> str:
+    """``triton.Config({...}, num_warps=.., num_stages=..)``: pasteable into ``autotune``."""
+    kwargs = ", ".join(f"{k!r}: {v!r}" for k, v in config.items() if k not in _LAUNCH)
+    launch = "".join(f", {k}={config[k]!r}" for k in _LAUNCH if k in config)
+    return f"triton.Config({{{kwargs}}}{launch})"
+
+
+def as_vllm_entry(config: Mapping[str, int], shape: Mapping[str, int]) -> str:
+    """An entry of a vLLM tuned-config file (``{"<M>": {"BLOCK_SIZE_M": .., ...}}``): keyed by
+    the batch dimension M, which is what vLLM looks up at run time."""
+    entry = {_VLLM_NAMES.get(k, k): v for k, v in config.items()}
+    return json.dumps({str(shape.get("M", 0)): entry})
+
+
+def config_views(row: BestConfig) -> dict[str, str]:
+    return {"json": json.dumps(row.config, sort_keys=True), "triton": as_triton_config(row.config),
+            "vllm": as_vllm_entry(row.config, row.shape)}
+
+
+# -- pages --------------------------------------------------------------------------------------
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request, session: SessionDep) -> HTMLResponse:
+    devices = repo.list_devices(session)
+    jobs, total = repo.list_jobs(session, limit=10)
+    counts = repo.count_jobs_by_status(session)
+    best_counts = dict(session.execute(select(BestConfig.kernel, func.count())
+                                       .group_by(BestConfig.kernel)).all())
+    kernels = []
+    for name in kernel_names():
+        k = get_kernel(name)
+        kernels.append({"name": name, "version": k.version, "dtypes": list(k.dtypes),
+                        "space_size": k.space().size(), "tuned": int(best_counts.get(name, 0)),
+                        "description": getattr(k, "description", "")})
+    trial_count = session.scalar(select(func.count()).select_from(Trial)) or 0
+    return _page(request, "overview.html", title="Overview", devices=devices, jobs=jobs,
+                 jobs_total=total, counts=counts, kernels=kernels, trial_count=trial_count,
+                 lease_seconds=request.app.state.settings.lease_seconds,
+                 statuses=("queued", "running", "succeeded", "failed", "cancelled"))
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep, status: str | None = None,
+              kernel: str | None = None, page: int = Query(1, ge=1)) -> HTMLResponse:
+    per_page = 50
+    jobs, total = repo.list_jobs(session, status=status or None, kernel=kernel or None,
+                                 limit=per_page, offset=(page - 1) * per_page)
+    return _page(request, "jobs.html", title="Jobs", jobs=jobs, total=total, page=page,
+                 pages=max(1, math.ceil(total / per_page)), status=status or "",
+                 kernel=kernel or "", progress={j.id: job_progress(j) for j in jobs},
+                 statuses=("queued", "running", "succeeded", "failed", "cancelled"),
+                 kernels=kernel_names())
+
+
+def job_progress(job: Job) -> dict[str, Any]:
+    """What the progress cells show; also the payload of a progress event."""
+    tasks = list(job.tasks)
+    done = sum(t.trials_done for t in tasks)
+    budget = job.budget_trials * len(tasks)
+    bests = [t.best_ms for t in tasks if t.best_ms is not None]
+    return {"id": job.id, "status": job.status, "trials_done": done, "budget": budget,
+            "percent": round(100.0 * min(done, budget) / budget, 1) if budget else 0.0,
+            "tasks_done": sum(t.status in ("succeeded", "failed", "cancelled") for t in tasks),
+            "tasks": len(tasks),
+            "best_ms": min(bests) if len(tasks) == 1 and bests else None,
+            "shapes": [{"id": t.id, "status": t.status, "trials_done": t.trials_done,
+                        "best_ms": t.best_ms} for t in tasks]}
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse:
+    try:
+        job = repo.get_job(session, job_id)
+    except repo.NotFound:
+        return _page(request, "message.html", status_code=404, title="No such job",
+                     message=f"There is no job {job_id!r}.", back="/jobs")
+    trials = list(session.scalars(
+        select(Trial).where(Trial.task_id.in_([t.id for t in job.tasks]))
+        .order_by(Trial.task_id, Trial.number)))
+    by_task: dict[int, list[Trial]] = defaultdict(list)
+    for t in trials:
+        by_task[t.task_id].append(t)
+    try:
+        space_names = list(get_kernel(job.kernel).space().names)
+    except Exception:  # noqa: BLE001 - a kernel no longer registered: use what the trials say
+        space_names = []
+    shapes = [task_charts(task, by_task.get(task.id, []), space_names) for task in job.tasks]
+    return _page(request, "job.html", title=f"Job {job.id[:8]}", job=job, shapes=shapes,
+                 progress=job_progress(job), active=job.status in ACTIVE)
+
+
+def task_charts(task: Task, trials: Sequence[Trial], names: list[str]) -> dict[str, Any]:
+    """Everything the job page draws for one shape, as compact arrays."""
+    if not names:
+        names = sorted({k for t in trials for k in t.config})
+    ok = [t for t in trials if t.outcome == "ok" and t.p50_ms is not None]
+    best_so_far, best = [], math.inf
+    for t in trials:
+        if t.outcome == "ok" and t.p50_ms is not None:
+            best = min(best, t.p50_ms)
+        best_so_far.append(best if math.isfinite(best) else None)
+    by_outcome: dict[str, dict[str, list[Any]]] = {}
+    for t in trials:
+        group = by_outcome.setdefault(t.outcome, {"x": [], "y": [], "text": []})
+        group["x"].append(t.number)
+        group["y"].append(t.p50_ms)
+        group["text"].append(_config_short(t.config) + (f"<br>{t.error[:120]}" if t.error else ""))
+    failures = [t for t in trials if t.outcome not in ("ok", "pruned")]
+    fastest = sorted(ok, key=lambda t: t.p50_ms or 0.0)
+    return {
+        "task": task, "count": len(trials), "ok": len(ok),
+        "outcomes": dict(Counter(t.outcome for t in trials)),
+        "failures": failures[:MAX_FAILURES_LISTED], "failures_total": len(failures),
+        "top": fastest[:10],
+        "data": {
+            "id": task.id, "numbers": [t.number for t in trials], "best": best_so_far,
+            "outcomes": by_outcome, "colours": OUTCOME_COLOURS,
+            "importance": importance(ok, names),
+            "parcoords": parcoords(fastest[:MAX_PARCOORDS], names),
+        },
+    }
+
+
+def _config_short(config: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+def importance(ok: Sequence[Trial], names: Iterable[str]) -> list[dict[str, Any]]:
+    """Per parameter, the share of the variance of log(time) over the successful trials that
+    its value explains on its own (one-way eta squared): 0 = no effect seen, 1 = it decides.
+    Largest first. Empty with fewer than 3 successful trials."""
+    if len(ok) < 3:
+        return []
+    logs = [math.log(t.p50_ms or 1e-9) for t in ok]
+    mean = statistics.fmean(logs)
+    total = sum((x - mean) ** 2 for x in logs)
+    out = []
+    for name in names:
+        groups: dict[Any, list[float]] = defaultdict(list)
+        for t, x in zip(ok, logs, strict=True):
+            groups[t.config.get(name)].append(x)
+        between = sum(len(g) * (statistics.fmean(g) - mean) ** 2 for g in groups.values())
+        out.append({"param": name, "share": round(between / total, 4) if total > 0 else 0.0})
+    return sorted(out, key=lambda d: -d["share"])
+
+
+def parcoords(fastest: Sequence[Trial], names: list[str]) -> dict[str, Any]:
+    """Axes (the parameters, then log time) with the values seen on each, and each config as a
+    row of axis positions in [0, 1]; drawn as SVG lines by the page's script."""
+    if not fastest:
+        return {"axes": [], "rows": [], "ms": []}
+    axes: list[tuple[str, list[int]]] = []
+    for name in names:
+        axes.append((name, sorted({int(t.config[name]) for t in fastest if name in t.config})))
+    ms = [t.p50_ms or 0.0 for t in fastest]
+    lo, hi = math.log(min(ms)), math.log(max(ms))
+    rows = []
+    for t, m in zip(fastest, ms, strict=True):
+        row = []
+        for name, vals in axes:
+            value = t.config.get(name)
+            i = vals.index(value) if value in vals else 0
+            row.append(round(i / (len(vals) - 1), 4) if len(vals) > 1 else 0.5)
+        row.append(round((math.log(m) - lo) / (hi - lo), 4) if hi > lo else 0.5)
+        rows.append(row)
+    return {"axes": [{"name": n, "values": v} for n, v in axes]
+            + [{"name": "time (ms, log)", "values": [round(min(ms), 4), round(max(ms), 4)]}],
+            "rows": rows, "ms": [round(m, 5) for m in ms]}
+
+
+@router.get("/configs", response_class=HTMLResponse)
+def configs_page(request: Request, session: SessionDep, kernel: str | None = None,
+                 device: str | None = None, dtype: str | None = None,
+                 shape: str | None = None) -> HTMLResponse:
+    everything = repo.list_best(session)
+    rows = repo.list_best(session, kernel=kernel or None, device_key=device or None,
+                          dtype=dtype or None)
+    wanted = (shape or "").strip().lower().replace(" ", "")
+    if wanted:
+        rows = [r for r in rows if wanted in shape_text(r.shape).lower()
+                or wanted in r.shape_key.lower()]
+    return _page(request, "configs.html", title="Best configs", rows=rows,
+                 views={r.id: config_views(r) for r in rows}, total=len(everything),
+                 kernel=kernel or "", device=device or "", dtype=dtype or "", shape=shape or "",
+                 kernels=sorted({r.kernel for r in everything}),
+                 devices=sorted({r.device_key for r in everything}),
+                 dtypes=sorted({r.dtype for r in everything}))
+
+
+@router.get("/kernels/{name}", response_class=HTMLResponse)
+def kernel_page(request: Request, name: str, session: SessionDep) -> HTMLResponse:
+    if name not in kernel_names():
+        raise HTTPException(404, f"no kernel {name!r}; registered: {', '.join(kernel_names())}")
+    k = get_kernel(name)
+    space = k.space()
+    constraints = [(c.__name__.strip("_").replace("_", " "), (c.__doc__ or "").strip())
+                   for c in space.constraints]
+    rows = repo.list_best(session, kernel=name)
+    return _page(request, "kernel.html", title=f"Kernel {name}", kernel=k, space=space.describe(),
+                 space_size=space.size(), constraints=constraints, dims=k.dims, rows=rows,
+                 views={r.id: config_views(r) for r in rows})
+
+
+@router.get("/roofline", response_class=HTMLResponse)
+def roofline_page(request: Request, session: SessionDep,
+                  device: str | None = None) -> HTMLResponse:
+    devices = repo.list_devices(session)
+    panels = []
+    for d in devices:
+        if device and d.key != device:
+            continue
+        points = []
+        for r in repo.list_best(session, device_key=d.key):
+            if not r.tflops or not r.gbps:
+                continue
+            intensity = r.tflops * 1e12 / (r.gbps * 1e9)  # FLOP per byte
+            roof = None
+            if d.matmul_tflops and d.copy_gbps:
+                roof = min(d.matmul_tflops, d.copy_gbps * 1e9 * intensity / 1e12)
+            points.append({"kernel": r.kernel, "dtype": r.dtype, "shape": shape_text(r.shape),
+                           "intensity": round(intensity, 3), "tflops": round(r.tflops, 3),
+                           "gbps": round(r.gbps, 1), "ms": r.p50_ms,
+                           "roof": round(roof, 3) if roof else None,
+                           "of_roof": round(r.tflops / roof, 3) if roof else None,
+                           "bound": None if roof is None else (
+                               "compute" if roof >= (d.matmul_tflops or 0) else "memory"),
+                           "config": _config_short(r.config)})
+        panels.append({"device": d, "points": points,
+                       "ceilings": {"tflops": d.matmul_tflops, "gbps": d.copy_gbps}})
+    return _page(request, "roofline.html", title="Roofline", panels=panels,
+                 device=device or "", devices=devices)
+
+
+async def _form_field(request: Request, name: str) -> str:
+    """One field of an urlencoded form body (no python-multipart needed for two small forms)."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return (parse_qs(body).get(name) or [""])[0]
+
+
+@router.post("/jobs/{job_id}/cancel", response_class=HTMLResponse)
+async def cancel_form(request: Request, job_id: str, settings: SettingsDep) -> Any:
+    """The job page's cancel form, for browsers without JavaScript (the script calls the API
+    with the key as a header instead)."""
+    api_key = await _form_field(request, "api_key")
+    return await run_in_threadpool(_cancel, request, job_id, settings, api_key)
+
+
+def _cancel(request: Request, job_id: str, settings: Settings, api_key: str) -> Any:
+    keys = settings.parsed_api_keys()
+    if keys and keys.get(api_key.strip()) != "rw":
+        return _page(request, "message.html", status_code=401 if not api_key else 403,
+                     title="Not cancelled", message="Cancelling needs an API key with write "
+                     "access; type it into the form on the job page.", back=f"/jobs/{job_id}")
+    with request.app.state.session_factory() as session:
+        try:
+            repo.cancel_job(session, job_id)
+        except repo.NotFound:
+            return _page(request, "message.html", status_code=404, title="No such job",
+                         message=f"There is no job {job_id!r}.", back="/jobs")
+        session.commit()
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+@open_router.get("/key", response_class=HTMLResponse)
+def key_page(request: Request) -> HTMLResponse:
+    return _page(request, "key.html", title="API key")
+
+
+@open_router.post("/key")
+async def set_key(request: Request) -> RedirectResponse:
+    """Keep an API key in a cookie, for services that require a key to read (``auth_reads``)."""
+    api_key = await _form_field(request, "api_key")
+    response = RedirectResponse("/", status_code=303)
+    if api_key.strip():
+        response.set_cookie("tuner_api_key", api_key.strip(), httponly=True, samesite="strict")
+    else:
+        response.delete_cookie("tuner_api_key")
+    return response
+
+
+# -- static files and live progress -------------------------------------------------------------
+
+@open_router.get("/static/plotly.min.js")
+def plotly_file() -> FileResponse:
+    path = plotly_js()
+    if path is None:
+        raise HTTPException(404, "plotly is not installed: pip install plotly (charts are off; "
+                                 "the tables still work)")
+    return FileResponse(path, media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+def _progress_snapshot(session_factory: Any, ids: list[str],
+                       active: bool) -> list[dict[str, Any]]:
+    with session_factory() as session:
+        return progress_snapshot(session, ids, active)
+
+
+def progress_snapshot(session: Session, ids: Sequence[str],
+                      active: bool = False) -> list[dict[str, Any]]:
+    """Progress of the given jobs (those that exist) and, with ``active``, of every queued or
+    running job (the newest 200), newest first."""
+    jobs: dict[str, Job] = {}
+    if ids:
+        jobs.update((j.id, j) for j in session.scalars(select(Job).where(Job.id.in_(ids))))
+    if active:
+        jobs.update((j.id, j) for j in session.scalars(
+            select(Job).where(Job.status.in_(ACTIVE)).order_by(Job.created_at.desc())
+            .limit(200)))
+    ordered = sorted(jobs.values(), key=lambda j: (j.created_at, j.id), reverse=True)
+    return [job_progress(j) for j in ordered]
+
+
+@router.get("/events/jobs")
+async def job_events(request: Request, ids: str = "", active: bool = False,
+                     once: bool = False) -> StreamingResponse:
+    """Server-sent events: a ``progress`` event with the progress of the listed jobs (``ids``,
+    comma separated) and, with ``active=1``, of every queued or running job, whenever it
+    changes (checked each second); ``end`` once every listed job has finished (never with
+    ``active=1``: the stream then ends after five minutes and the browser reconnects).
+    ``once=1``: one event, then the stream closes."""
+    wanted = [i for i in ids.split(",") if i][:200]
+    factory = request.app.state.session_factory
+
+    async def stream() -> AsyncIterator[str]:
+        last, waited = None, 0.0
+        yield "retry: 2000\n\n"
+        while True:
+            snapshot = await run_in_threadpool(_progress_snapshot, factory, wanted, active)
+            payload = json.dumps({"jobs": snapshot}, separators=(",", ":"))
+            if payload != last:
+                yield f"event: progress\ndata: {payload}\n\n"
+                last = payload
+            finished = not active and all(j["status"] not in ACTIVE for j in snapshot)
+            if once or finished or waited >= EVENT_STREAM_MAX_S:
+                yield "event: end\ndata: {}\n\n"
+                return
+            await asyncio.sleep(EVENT_INTERVAL_S)
+            waited += EVENT_INTERVAL_S
+            if await request.is_disconnected():
+                return
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,258 @@
+"""The dashboard's pages over real HTTP through the app: what a browser without JavaScript gets
+(every table is in the HTML), the chart data, live progress events, cancel and the config
+renderings. The browser tests are in test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+from typing import Any
+
+import pytest
+import triton
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.dashboard import as_triton_config, as_vllm_entry, importance, parcoords
+from db import repo
+from db.engine import init_db
+from db.models import Trial
+from tests.api_support import GPU, JOB, run_worker_once, store
+from tuner.settings import Settings
+
+
+def _job(client: TestClient, **changes: Any) -> str:
+    r = client.post("/api/v1/jobs", json={**JOB, **changes})
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def _calibrate(db_url: str, device: str = GPU) -> None:
+    with init_db(db_url)() as session:
+        repo.upsert_device(session, {"key": device, "kind": "cuda", "name": "NVIDIA H200",
+                                     "sm_count": 132})
+        repo.set_calibration(session, device, copy_gbps=4218.9, matmul_tflops=712.4)
+        session.commit()
+
+
+def _cells(html: str, table_class: str) -> list[list[str]]:
+    """The text of each body row of the table with that class."""
+    table = re.search(rf'<table class="{table_class}"[^>]*>(.*?)</table>', html, re.S)
+    assert table, f"no table {table_class}"
+    body = table.group(1).split("<tbody>", 1)[1]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
+    return [[unescape(re.sub(r"<[^>]+>", "", c)).strip()
+             for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)] for row in rows]
+
+
+def test_overview_shows_devices_with_calibration_kernels_and_job_counts(api_client, api_db_url):
+    _calibrate(api_db_url)
+    _job(api_client)
+    html = api_client.get("/").text
+    assert "cuda:NVIDIA H200:sm90" in html and "4219 GB/s" in html and "712 TFLOP/s" in html
+    assert 'href="/kernels/matmul"' in html
+    assert re.search(r'data-count="queued"><span class="num">1<', html)
+    [row] = _cells(html, "jobs")
+    assert row[1] == "matmul" and row[4] == "queued" and "0 / 3" in row[5]
+
+
+def test_an_empty_service_says_what_to_do(api_client):
+    html = api_client.get("/").text
+    assert "No worker has registered yet" in html and "No jobs yet" in html
+    assert "No tuned config matches" in api_client.get("/configs").text
+
+
+def test_jobs_page_lists_filters_and_pages(api_client, api_db_url):
+    first = _job(api_client)
+    second = _job(api_client, dtype="float32")
+    api_client.post(f"/api/v1/jobs/{first}/cancel")
+    html = api_client.get("/jobs").text
+    assert [r[0] for r in _cells(html, "jobs")] == [second[:8], first[:8]]  # newest first
+    only = _cells(api_client.get("/jobs", params={"status": "cancelled"}).text, "jobs")
+    assert [r[0] for r in only] == [first[:8]]
+    # a queued job offers cancel, a cancelled one does not
+    assert f'data-cancel="{second}"' in html and f'data-cancel="{first}"' not in html
+    assert api_client.get("/jobs", params={"page": 0}).status_code == 422
+
+
+def test_job_page_has_tables_and_chart_data_from_real_trials(api_client, api_db_url):
+    job_id = _job(api_client)
+    run_worker_once(api_db_url)
+    html = api_client.get(f"/jobs/{job_id}").text
+    assert "succeeded" in html and "16x16x16" in html
+    top = _cells(html, "top")
+    assert len(top) == 3 and all(float(r[2]) > 0 for r in top)  # three ok trials, fastest first
+    assert [float(r[2]) for r in top] == sorted(float(r[2]) for r in top)
+    data = json.loads(unescape(re.search(
+        r'<script type="application/json" id="chart-data-\d+">(.*?)</script>', html, re.S)
+        .group(1)))
+    assert data["numbers"] == [1, 2, 3]
+    assert data["best"] == sorted(data["best"], reverse=True)  # best-so-far never rises
+    assert set(data["outcomes"]) == {"ok"} and len(data["outcomes"]["ok"]["y"]) == 3
+    assert {d["param"] for d in data["importance"]} == {"BLOCK_M", "BLOCK_N", "BLOCK_K",
+                                                          "GROUP_M", "num_warps", "num_stages"}
+    assert len(data["parcoords"]["rows"]) == 3 and len(data["parcoords"]["axes"]) == 7
+    assert '<script src="/static/plotly.min.js"' in html
+
+
+def test_failed_trials_are_listed_with_their_reason(api_client, api_db_url):
+    job_id = _job(api_client)
+    factory = init_db(api_db_url)
+    with factory() as session:
+        task = repo.get_job(session, job_id).tasks[0]
+        config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4,
+                  "num_stages": 2}
+        session.add(Trial(task_id=task.id, number=1, config=config, config_key="k",
+                          outcome="crash", error="CUDA error: an illegal memory access"))
+        session.commit()
+    html = api_client.get(f"/jobs/{job_id}").text
+    [row] = _cells(html, "failures")
+    assert row[1] == "crash" and "illegal memory access" in row[3]
+
+
+def test_unknown_job_and_kernel_pages_are_404_pages(api_client):
+    r = api_client.get("/jobs/nope")
+    assert r.status_code == 404 and "There is no job" in r.text
+    assert api_client.get("/kernels/nope").status_code == 404
+
+
+def test_progress_events_carry_every_listed_job(api_client, api_db_url):
+    job_id = _job(api_client)
+    with api_client.stream("GET", "/events/jobs", params={"ids": job_id, "once": 1}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = "".join(r.iter_text())
+    event = re.search(r"event: progress\ndata: (.*)\n", body)
+    assert event and "event: end" in body
+    [job] = json.loads(event.group(1))["jobs"]
+    assert job["id"] == job_id and job["status"] == "queued"
+    assert job["trials_done"] == 0 and job["budget"] == 3
+
+
+def test_progress_stream_ends_when_the_jobs_are_done(api_client, api_db_url):
+    job_id = _job(api_client)
+    run_worker_once(api_db_url)
+    with api_client.stream("GET", "/events/jobs", params={"ids": job_id}) as r:
+        body = "".join(r.iter_text())  # ends by itself: the job has finished
+    [job] = json.loads(re.search(r"data: (.*)\n", body.split("event: progress", 1)[1])
+                       .group(1))["jobs"]
+    assert job["status"] == "succeeded" and job["trials_done"] == 3 and job["best_ms"] > 0
+
+
+def test_the_cancel_form_needs_a_write_key_when_keys_are_set(api_db_url):
+    settings = Settings(database_url=api_db_url, api_keys="writer,reader:ro")
+    with TestClient(create_app(settings)) as client:
+        job_id = _job_with_key(client)
+        r = client.post(f"/jobs/{job_id}/cancel", data={"api_key": "reader"})
+        assert r.status_code == 403 and "write access" in r.text
+        assert client.post(f"/jobs/{job_id}/cancel").status_code == 401
+        r = client.post(f"/jobs/{job_id}/cancel", data={"api_key": "writer"},
+                        follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job_id}"
+        assert client.get(f"/api/v1/jobs/{job_id}").json()["status"] == "cancelled"
+
+
+def _job_with_key(client: TestClient) -> str:
+    r = client.post("/api/v1/jobs", json=JOB, headers={"X-API-Key": "writer"})
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def test_pages_need_a_key_only_when_reads_do_and_take_it_from_the_cookie(api_db_url):
+    settings = Settings(database_url=api_db_url, api_keys="writer,reader:ro", auth_reads=True)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/").status_code == 401
+        assert client.get("/key").status_code == 200  # where the key is typed
+        r = client.post("/key", data={"api_key": "reader"}, follow_redirects=False)
+        assert r.status_code == 303 and "tuner_api_key=reader" in r.headers["set-cookie"]
+        assert client.get("/").status_code == 200
+        # the cookie reads, but never writes
+        assert client.post("/api/v1/jobs", json=JOB).status_code == 401
+
+
+def test_configs_page_filters_on_the_server_and_renders_three_copy_formats(api_client,
+                                                                           api_db_url):
+    store(api_db_url, {"M": 4096, "N": 4096, "K": 4096}, 0.2)
+    store(api_db_url, {"M": 16, "N": 4096, "K": 4096}, 0.02, dtype="bfloat16")
+    html = api_client.get("/configs").text
+    assert len(_cells(html, "configs")) == 2
+    for params in ({"dtype": "bfloat16"}, {"shape": "16x"}, {"shape": "16X4096"}):
+        rows = _cells(api_client.get("/configs", params=params).text, "configs")
+        assert [r[2] for r in rows] == ["16x4096x4096"], params
+    assert _cells(api_client.get("/configs", params={"device": "nope"}).text,
+                  "configs")[0][0] == "No tuned config matches."
+    triton_text = unescape(re.search(r'<pre data-format="triton">(.*?)</pre>', html).group(1))
+    config = eval(triton_text, {"triton": triton})  # noqa: S307 - what a user pastes
+    assert isinstance(config, triton.Config) and config.num_warps == 8
+    assert config.kwargs == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
+
+
+def test_config_renderings():
+    config = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4,
+              "num_stages": 3}
+    c = eval(as_triton_config(config), {"triton": triton})  # noqa: S307
+    assert c.kwargs == {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}
+    assert (c.num_warps, c.num_stages) == (4, 3)
+    assert json.loads(as_vllm_entry(config, {"M": 16, "N": 4096, "K": 4096})) == {
+        "16": {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8,
+               "num_warps": 4, "num_stages": 3}}
+
+
+def test_kernel_page_shows_its_space_constraints_and_bests(api_client, api_db_url):
+    store(api_db_url, {"M": 4096, "N": 4096, "K": 4096}, 0.2)
+    html = api_client.get("/kernels/matmul").text
+    rows = _cells(html, "space")
+    assert [r[0] for r in rows] == ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps",
+                                    "num_stages"]
+    assert "accumulator registers" in html and "shared memory" in html
+    assert [r[2] for r in _cells(html, "configs")] == ["4096x4096x4096"]
+
+
+def test_roofline_places_each_result_under_the_measured_roof(api_client, api_db_url):
+    _calibrate(api_db_url)
+    with init_db(api_db_url)() as session:
+        for shape, tflops, gbps in (({"M": 4096, "N": 4096, "K": 4096}, 633.0, 464.0),
+                                    ({"M": 16, "N": 4096, "K": 4096}, 13.5, 1700.0)):
+            repo.store_best(session, device_key=GPU, kernel="matmul", kernel_version="v",
+                            dtype="float16", shape=shape, triton_version="3.6.0",
+                            config={"BLOCK_M": 64}, p20_ms=1, p50_ms=1, p80_ms=1,
+                            tflops=tflops, gbps=gbps, torch_version=None, cuda_version=None,
+                            task_id=None)
+        session.commit()
+    html = api_client.get("/roofline").text
+    rows = {r[2]: r for r in _cells(html, "roofline")}
+    big, skinny = rows["4096x4096x4096"], rows["16x4096x4096"]
+    # 633 TFLOP/s at 1364 FLOP/B: compute-bound, 89% of the 712 TFLOP/s peak
+    assert big[8] == "compute" and big[7] == "89%"
+    # 13.5 TFLOP/s at 7.9 FLOP/B: memory-bound, roof 4219 GB/s x 7.94 = 33.5 TFLOP/s
+    assert skinny[8] == "memory" and skinny[7] == "40%"
+    assert 'data-roofline' in html
+
+
+def test_importance_and_parcoords_math():
+    def trial(ms: float, **config: int) -> Trial:
+        return Trial(number=0, config=config, outcome="ok", p50_ms=ms)
+
+    # num_warps decides the time, BLOCK_M does nothing
+    ok = [trial(1.0, BLOCK_M=16, num_warps=4), trial(1.0, BLOCK_M=32, num_warps=4),
+          trial(4.0, BLOCK_M=16, num_warps=8), trial(4.0, BLOCK_M=32, num_warps=8)]
+    shares = {d["param"]: d["share"] for d in importance(ok, ["BLOCK_M", "num_warps"])}
+    assert shares == {"num_warps": 1.0, "BLOCK_M": 0.0}
+    assert importance(ok[:2], ["BLOCK_M"]) == []
+    p = parcoords(sorted(ok, key=lambda t: t.p50_ms), ["BLOCK_M", "num_warps"])
+    assert [a["name"] for a in p["axes"]] == ["BLOCK_M", "num_warps", "time (ms, log)"]
+    assert p["rows"][0] == [0.0, 0.0, 0.0] and p["rows"][-1] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("path", ["/", "/jobs", "/configs", "/roofline", "/kernels/matmul"])
+def test_every_page_is_html_with_the_navigation(api_client, path):
+    r = api_client.get(path)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert all(f'href="{p}"' in r.text for p in ("/jobs", "/configs", "/roofline"))
+
+
+def test_plotly_is_served_from_the_installed_package(api_client):
+    r = api_client.get("/static/plotly.min.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert len(r.content) > 1_000_000 and b"plotly" in r.content[:2000].lower()
+    assert api_client.get("/static/dashboard.js").status_code == 200

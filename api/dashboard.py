@@ -21,6 +21,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -198,12 +199,15 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
     except repo.NotFound:
         return _page(request, "message.html", status_code=404, title="No such job",
                      message=f"There is no job {job_id!r}.", back="/jobs")
-    trials = list(session.scalars(
-        select(Trial).where(Trial.task_id.in_([t.id for t in job.tasks]))
-        .order_by(Trial.task_id, Trial.number)))
-    by_task: dict[int, list[Trial]] = defaultdict(list)
-    for t in trials:
-        by_task[t.task_id].append(t)
+    # columns, not ORM objects: a job page may hold thousands of trials
+    rows = session.execute(
+        select(Trial.task_id, Trial.number, Trial.config, Trial.outcome, Trial.p20_ms,
+               Trial.p50_ms, Trial.p80_ms, Trial.error)
+        .where(Trial.task_id.in_([t.id for t in job.tasks]))
+        .order_by(Trial.task_id, Trial.number))
+    by_task: dict[int, list[TrialRow]] = defaultdict(list)
+    for r in rows:
+        by_task[r.task_id].append(TrialRow(*r[1:]))
     try:
         space_names = list(get_kernel(job.kernel).space().names)
     except Exception:  # noqa: BLE001 - a kernel no longer registered: use what the trials say
@@ -213,22 +217,43 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
                  progress=job_progress(job), active=job.status in ACTIVE)
 
 
-def task_charts(task: Task, trials: Sequence[Trial], names: list[str]) -> dict[str, Any]:
-    """Everything the job page draws for one shape, as compact arrays."""
+def _sig(x: float) -> float:
+    """Five significant digits: as precise as a timing is, and a third of the bytes."""
+    return float(f"{x:.5g}")
+
+
+@dataclass(slots=True)
+class TrialRow:
+    number: int
+    config: dict[str, int]
+    outcome: str
+    p20_ms: float | None
+    p50_ms: float | None
+    p80_ms: float | None
+    error: str | None
+
+
+def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dict[str, Any]:
+    """Everything the job page draws for one shape, as compact arrays: each trial's config is
+    a row of values in ``names`` order (the page's script writes the hover text)."""
     if not names:
         names = sorted({k for t in trials for k in t.config})
     ok = [t for t in trials if t.outcome == "ok" and t.p50_ms is not None]
-    best_so_far, best = [], math.inf
+    best_so_far: list[float | None] = []
+    best = math.inf
     for t in trials:
         if t.outcome == "ok" and t.p50_ms is not None:
             best = min(best, t.p50_ms)
-        best_so_far.append(best if math.isfinite(best) else None)
+        best_so_far.append(_sig(best) if math.isfinite(best) else None)
     by_outcome: dict[str, dict[str, list[Any]]] = {}
-    for t in trials:
-        group = by_outcome.setdefault(t.outcome, {"x": [], "y": [], "text": []})
+    errors: dict[int, str] = {}
+    for i, t in enumerate(trials):
+        group = by_outcome.setdefault(t.outcome, {"x": [], "y": [], "i": []})
         group["x"].append(t.number)
-        group["y"].append(t.p50_ms)
-        group["text"].append(_config_short(t.config) + (f"<br>{t.error[:120]}" if t.error else ""))
+        group["y"].append(None if t.p50_ms is None else _sig(t.p50_ms))
+        group["i"].append(i)
+        if t.error:
+            errors[i] = t.error[:120]
     failures = [t for t in trials if t.outcome not in ("ok", "pruned")]
     fastest = sorted(ok, key=lambda t: t.p50_ms or 0.0)
     return {
@@ -238,7 +263,8 @@ def task_charts(task: Task, trials: Sequence[Trial], names: list[str]) -> dict[s
         "top": fastest[:10],
         "data": {
             "id": task.id, "numbers": [t.number for t in trials], "best": best_so_far,
-            "outcomes": by_outcome, "colours": OUTCOME_COLOURS,
+            "outcomes": by_outcome, "colours": OUTCOME_COLOURS, "names": names,
+            "configs": [[t.config.get(n) for n in names] for t in trials], "errors": errors,
             "importance": importance(ok, names),
             "parcoords": parcoords(fastest[:MAX_PARCOORDS], names),
         },
@@ -249,7 +275,7 @@ def _config_short(config: Mapping[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
-def importance(ok: Sequence[Trial], names: Iterable[str]) -> list[dict[str, Any]]:
+def importance(ok: Sequence[Any], names: Iterable[str]) -> list[dict[str, Any]]:
     """Per parameter, the share of the variance of log(time) over the successful trials that
     its value explains on its own (one-way eta squared): 0 = no effect seen, 1 = it decides.
     Largest first. Empty with fewer than 3 successful trials."""
@@ -268,7 +294,7 @@ def importance(ok: Sequence[Trial], names: Iterable[str]) -> list[dict[str, Any]
     return sorted(out, key=lambda d: -d["share"])
 
 
-def parcoords(fastest: Sequence[Trial], names: list[str]) -> dict[str, Any]:
+def parcoords(fastest: Sequence[Any], names: list[str]) -> dict[str, Any]:
     """Axes (the parameters, then log time) with the values seen on each, and each config as a
     row of axis positions in [0, 1]; drawn as SVG lines by the page's script."""
     if not fastest:

@@ -80,7 +80,8 @@ class SearchLoop:
         self.on_trial, self.should_stop = on_trial, should_stop
         self.space: SearchSpace = backend.restrict(kernel.space())
         smem = backend.fingerprint.smem_per_block or DEFAULT_SMEM_LIMIT
-        self.ctx = ProblemContext(dict(shape), dtype, smem)
+        self.ctx = ProblemContext(dict(shape), dtype, smem,
+                                  backend.fingerprint.sm_count or ProblemContext.sm_count)
         self.strategy: Strategy = make_strategy(options.strategy, self.space, self.ctx,
                                                 options.seed, options.trials)
         self.rng = random.Random(options.seed)

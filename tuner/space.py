@@ -60,6 +60,8 @@ class ProblemContext:
     shape: Mapping[str, int]
     dtype: str
     smem_limit: int = DEFAULT_SMEM_LIMIT
+    #: streaming multiprocessors (wave quantisation in cost models); H100/H200 SXM: 132
+    sm_count: int = 132
 
     @property
     def elem_bytes(self) -> int:

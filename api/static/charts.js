@@ -21,7 +21,11 @@
     const traces = Object.keys(d.outcomes).map(function (outcome) {
       const g = d.outcomes[outcome];
       const failed = outcome !== "ok";
-      return { x: g.x, y: failed ? g.x.map(function () { return top; }) : g.y, text: g.text, name: outcome,
+      const text = g.i.map(function (i) {
+        const c = d.configs[i];
+        return d.names.map(function (n, j) { return n + "=" + c[j]; }).join(" ") + (d.errors[i] ? "<br>" + d.errors[i] : "");
+      });
+      return { x: g.x, y: failed ? g.x.map(function () { return top; }) : g.y, text: text, name: outcome,
         mode: "markers", type: "scatter", hovertemplate: "#%{x}: %{text}<extra>" + outcome + "</extra>",
         marker: { color: d.colours[outcome] || "#444", size: failed ? 8 : 6, symbol: failed ? "x" : "circle" } };
     });

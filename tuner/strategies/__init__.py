@@ -6,13 +6,15 @@ from tuner.errors import InvalidRequest
 from tuner.space import ProblemContext, SearchSpace
 from tuner.strategies.base import Strategy
 from tuner.strategies.exhaustive import ExhaustiveStrategy
+from tuner.strategies.model_based import ModelStrategy, ModelTPEStrategy
 from tuner.strategies.optuna_based import GPStrategy, RandomStrategy, TPEStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (TPEStrategy, GPStrategy, RandomStrategy, ExhaustiveStrategy)
+    cls.name: cls for cls in (TPEStrategy, GPStrategy, RandomStrategy, ExhaustiveStrategy,
+                             ModelStrategy, ModelTPEStrategy)
 }
 #: what ``auto`` means: chosen from bench/results/search_quality.md
-DEFAULT_STRATEGY = "tpe"
+DEFAULT_STRATEGY = "model"
 
 
 def strategy_names() -> list[str]:

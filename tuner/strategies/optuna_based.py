@@ -8,6 +8,7 @@ encoding would throw that order away). Categorical parameters stay categorical.
 from __future__ import annotations
 
 import logging
+import random
 from collections import defaultdict
 from typing import Any
 
@@ -15,11 +16,14 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from tuner.config import KernelConfig
-from tuner.measurement import Measurement
+from tuner.measurement import Measurement, Outcome
 from tuner.space import ProblemContext, SearchSpace
 from tuner.strategies.base import Strategy
 
 optuna.logging.set_verbosity(logging.WARNING)
+
+#: proposals outside a restricted space in a row before a seeded random config of it is returned
+MAX_OUTSIDE_PROPOSALS = 25
 
 
 class OptunaStrategy(Strategy):
@@ -30,6 +34,7 @@ class OptunaStrategy(Strategy):
         self.study = optuna.create_study(direction="minimize", sampler=self.make_sampler())
         self._pending: dict[KernelConfig, list[optuna.trial.Trial]] = defaultdict(list)
         self._distributions = {p.name: self._distribution(p.name) for p in space.params}
+        self._rng = random.Random(seed)
 
     def make_sampler(self) -> optuna.samplers.BaseSampler:
         raise NotImplementedError
@@ -47,14 +52,22 @@ class OptunaStrategy(Strategy):
         return out
 
     def ask(self) -> KernelConfig | None:
-        trial = self.study.ask(self._distributions)
-        values = {}
-        for p in self.space.params:
-            raw = trial.params[p.name]
-            values[p.name] = int(raw) if p.kind == "categorical" else p.values[int(raw)]
-        config = KernelConfig(values)
-        self._pending[config].append(trial)
-        return config
+        # A sampler sees the product of the parameters' values; a restricted space (a replay
+        # table) holds only some of them. A proposal outside it is told as pruned (the sampler
+        # learns to avoid the region) and asked again, so that every config returned is inside.
+        for _ in range(MAX_OUTSIDE_PROPOSALS):
+            trial = self.study.ask(self._distributions)
+            values = {}
+            for p in self.space.params:
+                raw = trial.params[p.name]
+                values[p.name] = int(raw) if p.kind == "categorical" else p.values[int(raw)]
+            config = KernelConfig(values)
+            if self.space.contains(config):
+                self._pending[config].append(trial)
+                return config
+            self.study.tell(trial, self.objective(
+                Measurement.failure(config, Outcome.PRUNED, "outside the space")))
+        return self._rng.choice(list(self.space)) if self.space.size() else None
 
     def tell(self, config: KernelConfig, measurement: Measurement) -> None:
         value = self.objective(measurement)

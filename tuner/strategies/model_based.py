@@ -1,0 +1,167 @@
+"""Strategies led by the analytic cost model (``cost_model``): measure what it ranks first, then
+learn where it is wrong.
+
+``model``: every feasible config gets a predicted log-time = the cost model's estimate plus a
+correction learned from the measurements so far: a kernel-weighted average of the residuals
+(measured - estimated) of the measured configs, by distance in the ordinal encoding (so a
+measurement corrects the model around it, like a Gaussian process whose prior mean is the cost
+model). Each ask takes the untried config with the lowest predicted time minus a small bonus for
+configs far from anything measured. The first asks are the model's best configs of distinct tile
+shapes (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``), so that one wrong guess of the model costs one
+trial, not a run of near-duplicates. Failures are residuals too (Strategy.objective penalises
+them), so the neighbourhood of a failure is avoided.
+
+``model-tpe``: multivariate TPE whose startup trials are the cost model's top picks (distinct tile
+shapes) instead of random ones.
+
+Neither reads anything but the space, its constraints and the ProblemContext before measuring.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import optuna
+
+from tuner.config import KernelConfig
+from tuner.measurement import Measurement
+from tuner.space import ProblemContext, SearchSpace
+from tuner.strategies import cost_model
+from tuner.strategies.base import Strategy
+from tuner.strategies.optuna_based import TPEStrategy
+
+TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+
+
+def ranked_feasible(space: SearchSpace, ctx: ProblemContext,
+                    seed: int) -> tuple[list[KernelConfig], np.ndarray]:
+    """Feasible configs, best estimate first, and their estimated log-times. Ties (and a flat
+    prior) are broken by a seeded shuffle."""
+    configs = space.feasible(ctx)
+    random.Random(seed).shuffle(configs)
+    est = np.array([cost_model.estimate(c, ctx) for c in configs], dtype=float)
+    order = np.argsort(est, kind="stable")
+    return [configs[i] for i in order], est[order]
+
+
+def diverse_top(configs: list[KernelConfig], n: int) -> list[KernelConfig]:
+    """The first ``n`` configs of distinct tile shapes (all of ``configs`` if it has no tiles)."""
+    picks: list[KernelConfig] = []
+    seen: set[tuple[int, ...]] = set()
+    for c in configs:
+        key = tuple(c[k] for k in TILE if k in c) or tuple(c.values())
+        if key in seen:
+            continue
+        seen.add(key)
+        picks.append(c)
+        if len(picks) >= n:
+            break
+    return picks
+
+
+class ModelStrategy(Strategy):
+    name = "model"
+    #: configs of distinct tile shapes measured first, straight from the cost model
+    startup = 4
+    #: kernel width, in ordinal steps (a neighbour one power of two away weighs exp(-1/(2*1.0)))
+    length_scale = 1.0
+    #: weight of the prior belief (residual 0 before anything is measured; then their median)
+    prior_weight = 0.3
+    #: exploration bonus per unit of "nothing measured nearby", in log-time
+    kappa = 0.05
+    #: ridge penalty of the per-value correction (larger: trust the cost model longer)
+    ridge = 10.0
+    #: residuals are clipped to +-this (log-time) for the per-value correction, so that one
+    #: pathological config does not condemn every config sharing a value with it
+    clip = 0.3
+
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
+        super().__init__(space, ctx, seed, budget)
+        self.configs, self.est = ranked_feasible(space, ctx, seed)
+        self.index = {c: i for i, c in enumerate(self.configs)}
+        self.coords = np.array([space.encode(c) for c in self.configs], dtype=float).reshape(
+            len(self.configs), len(space.params))
+        # one-hot features of every parameter value: the correction learns "the model overrates
+        # num_warps=8 on this problem" from one measurement and applies it everywhere
+        onehot = [np.equal.outer(self.coords[:, j], np.arange(len(p.values))).astype(float)
+                  for j, p in enumerate(space.params)]
+        self.features = np.concatenate(onehot, axis=1) if onehot else np.zeros((0, 0))
+        self.tried = np.zeros(len(self.configs), dtype=bool)
+        self.obs_i: list[int] = []
+        self.asked: set[KernelConfig] = set()
+        self.obs_x: list[np.ndarray] = []
+        self.obs_r: list[float] = []
+        self._queue = diverse_top(self.configs, self.startup)
+
+    def ask(self) -> KernelConfig | None:
+        while self._queue:
+            config = self._queue.pop(0)
+            if config not in self.asked and not self.tried[self.index[config]]:
+                return self._mark(config)
+        free = ~self.tried
+        for c in self.asked:
+            free[self.index[c]] = False
+        if not free.any():
+            return None
+        pred, support = self._predict()
+        score = np.where(free, pred - self.kappa / (1.0 + support), np.inf)
+        return self._mark(self.configs[int(np.argmin(score))])
+
+    def _mark(self, config: KernelConfig) -> KernelConfig:
+        self.asked.add(config)
+        return config
+
+    def _predict(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.obs_r:
+            return self.est, np.zeros(len(self.est))
+        x = np.stack(self.obs_x)
+        r = np.array(self.obs_r)
+        base = float(np.median(r))
+        # a ridge regression of the residuals on the one-hot parameter values ...
+        f = self.features[self.obs_i]
+        clipped = np.clip(r - base, -self.clip, self.clip)
+        coef = np.linalg.solve(f.T @ f + self.ridge * np.eye(f.shape[1]), f.T @ clipped)
+        linear = base + self.features @ coef
+        # ... and a kernel-weighted average of what it leaves, around each measured config
+        d2 = ((self.coords[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
+        w = np.exp(-d2 / (2.0 * self.length_scale ** 2))
+        support = w.sum(axis=1)
+        left = r - linear[self.obs_i]
+        corr = linear + (w @ left) / (self.prior_weight + support)
+        return self.est + corr, support
+
+    def tell(self, config: KernelConfig, measurement: Measurement) -> None:
+        value = self.objective(measurement)
+        self.asked.discard(config)
+        i = self.index.get(config)
+        if i is None:  # pruned or outside the feasible list: nothing to learn about the model
+            return
+        if self.tried[i]:
+            return
+        self.tried[i] = True
+        self.obs_x.append(self.coords[i])
+        self.obs_i.append(i)
+        self.obs_r.append(value - (self.est[i] if math.isfinite(self.est[i]) else 0.0))
+
+
+class ModelTPEStrategy(TPEStrategy):
+    """TPE (multivariate, ordinal) whose startup trials are the cost model's top picks."""
+
+    name = "model-tpe"
+
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
+        super().__init__(space, ctx, seed, budget)
+        configs, _ = ranked_feasible(space, ctx, seed)
+        for config in diverse_top(configs, self._startup()):
+            self.study.enqueue_trial(self._encode(config))
+
+    def _startup(self) -> int:
+        return max(4, min(10, self.budget // 5))
+
+    def make_sampler(self) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.TPESampler(
+            seed=self.seed, multivariate=True, group=False, constant_liar=True,
+            n_startup_trials=self._startup(), n_ei_candidates=64,
+        )

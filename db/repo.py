@@ -122,6 +122,10 @@ def touch_device(session: Session, device_key: str) -> bool:
                     .values(last_seen_at=utcnow()))
 
 
+def get_device(session: Session, device_key: str) -> Device | None:
+    return session.scalar(select(Device).where(Device.key == device_key))
+
+
 def list_devices(session: Session) -> list[Device]:
     """Every known device, by key."""
     return list(session.scalars(select(Device).order_by(Device.key)))

@@ -67,3 +67,38 @@ def test_resumed_trials_count_against_the_budget(table):
                         SearchOptions(trials=16, seed=0, resume=first.trials))
     assert len(second.trials) == 16
     assert backend.calls - 0 <= 6 + len(second.finalists)
+
+
+def test_search_stops_once_the_best_is_near_the_roofline(table):
+    # a floor 3% under the table's best: the search stops as soon as it finds a config within
+    # 95% of the roof, well before its 48-trial budget
+    options = SearchOptions(trials=48, seed=0, retime_rounds=0, floor_ms=table.best_ms * 0.97,
+                            roofline_stop=0.95)
+    result = run_search(get_kernel("matmul"), table.shape, table.dtype, ReplayBackend(table),
+                        options)
+    assert result.stop_reason == "near roofline"
+    assert len(result.trials) < 48
+    assert result.best is not None and 0.97 * table.best_ms / result.best.p50_ms >= 0.95
+    # an unreachable roof never stops it
+    far = SearchOptions(trials=12, seed=0, retime_rounds=0, floor_ms=table.best_ms * 0.5,
+                        roofline_stop=0.95)
+    assert run_search(get_kernel("matmul"), table.shape, table.dtype, ReplayBackend(table),
+                      far).stop_reason == "budget"
+
+
+def test_roofline_floor_from_the_calibration():
+    from tuner.worker import roofline_floor_ms
+
+    kernel = get_kernel("matmul")
+    big = {"M": 4096, "N": 4096, "K": 4096}
+    # compute-bound: 2 * 4096^3 FLOP at 712 TFLOP/s
+    assert roofline_floor_ms(kernel, big, "float16", 4219.0, 712.0) == pytest.approx(
+        2 * 4096 ** 3 / 712e12 * 1e3)
+    # memory-bound: (16*4096 + 4096*4096 + 16*4096) * 2 bytes at 4219 GB/s
+    skinny = {"M": 16, "N": 4096, "K": 4096}
+    assert roofline_floor_ms(kernel, skinny, "float16", 4219.0, 712.0) == pytest.approx(
+        kernel.bytes(skinny, "float16") / 4219e9 * 1e3)
+    # fp32: the calibration's 16-bit matmul peak does not apply, only the bandwidth
+    assert roofline_floor_ms(kernel, big, "float32", 4219.0, 712.0) == pytest.approx(
+        kernel.bytes(big, "float32") / 4219e9 * 1e3)
+    assert roofline_floor_ms(kernel, big, "float16", None, None) is None

@@ -9,6 +9,7 @@ finalists. A config only becomes the best once its output was verified against t
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -50,6 +51,11 @@ class SearchOptions:
     patience: int | None = None
     #: relative improvement that counts as one (at least the measured noise)
     min_improvement: float = 0.01
+    #: the fastest time the device's measured ceilings allow for this problem (the roofline:
+    #: max(FLOPs / matmul peak, bytes / copy bandwidth)); None: unknown
+    floor_ms: float | None = None
+    #: stop once the best reaches this fraction of the roofline (floor_ms / best_ms); None: never
+    roofline_stop: float | None = None
 
 
 @dataclass
@@ -173,6 +179,10 @@ class SearchLoop:
             return "cancelled"
         if o.patience and self.best() and len(self.trials) - self._best_at >= o.patience:
             return "converged"
+        best = self.best() if o.floor_ms and o.roofline_stop else None
+        if best is not None and best.p50_ms and (o.floor_ms or 0) / best.p50_ms >= (
+                o.roofline_stop or math.inf):
+            return "near roofline"
         if not self.backend.healthy:
             return "device unhealthy"
         return None

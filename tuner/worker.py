@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,25 @@ def warm_start_configs(session: Session, kernel: Any, device_key: str, dtype: st
     return [c for c in dict.fromkeys(configs) if space.contains(c)]
 
 
+#: a search stops once its best reaches this fraction of the device's roofline for the problem
+ROOFLINE_STOP = 0.95
+#: dtypes whose matmul peak the calibration measures (16-bit tensor-core matmul)
+_CALIBRATED_DTYPES = ("float16", "bfloat16")
+
+
+def roofline_floor_ms(kernel: Any, shape: Mapping[str, int], dtype: str,
+                      copy_gbps: float | None, matmul_tflops: float | None) -> float | None:
+    """The fastest the device's measured ceilings allow: the larger of the time to move the
+    kernel's bytes at the copy bandwidth and (for 16-bit dtypes, which the matmul calibration
+    measures) to do its FLOPs at the matmul peak. None without a calibration."""
+    if not copy_gbps:
+        return None
+    floor_s = kernel.bytes(shape, dtype) / (copy_gbps * 1e9)
+    if matmul_tflops and dtype in _CALIBRATED_DTYPES:
+        floor_s = max(floor_s, kernel.flops(shape) / (matmul_tflops * 1e12))
+    return floor_s * 1e3
+
+
 def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  replay_table: ReplayTable | None = None, device_index: int = 0,
                  timing: TimingOptions | None = None,
@@ -121,6 +140,9 @@ def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel
         repo.set_task_device(session, task_id, fp.key)
         warm = warm_start_configs(session, kernel, fp.key, dtype, shape,
                                   backend.restrict(kernel.space()))
+        device = repo.get_device(session, fp.key)
+        floor_ms = roofline_floor_ms(kernel, shape, dtype, device.copy_gbps,
+                                     device.matmul_tflops) if device else None
         session.commit()
     stop = _StopCheck(factory, job_id, task_id, heartbeat)
 
@@ -131,7 +153,8 @@ def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel
         if on_trial is not None:
             on_trial(number, m)
 
-    options = SearchOptions(**options_base, warm_start=warm, resume=resume)
+    options = SearchOptions(**options_base, warm_start=warm, resume=resume, floor_ms=floor_ms,
+                            roofline_stop=ROOFLINE_STOP)
     try:
         result = run_search(kernel, shape, dtype, backend, options, on_trial=record,
                             should_stop=stop)

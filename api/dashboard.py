@@ -111,7 +111,7 @@ def ago_text(moment: Any) -> str:
 templates.env.filters["shape"] = shape_text
 templates.env.filters["ms"] = ms_text
 templates.env.filters["ago"] = ago_text
-templates.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
+templates.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(", ", ":"))
 
 
 # -- config renderings (what the copy buttons copy) --------------------------------------------

@@ -74,3 +74,17 @@ def test_a_replay_file_that_does_not_parse_is_refused(db, tmp_path):
     bad.write_text("{not json")
     out = tuner("tune", "matmul", "--replay", str(bad), db=db)
     assert out.returncode == 2 and "is not valid JSON" in out.stderr
+
+
+def test_tuner_patience_stops_a_search_that_stopped_improving(db):
+    env_trials = ["tune", "matmul", "--replay", str(TABLE), "--trials", "48", "--json"]
+    full = json.loads(tuner(*env_trials, db=db).stdout)
+    os.environ["TUNER_PATIENCE"] = "3"
+    try:
+        early = tuner(*env_trials, db=db.replace("cli.db", "patience.db"))
+    finally:
+        del os.environ["TUNER_PATIENCE"]
+    assert early.returncode == 0, early.stderr
+    summary = json.loads(early.stdout)
+    assert full["trials"] == 48 and summary["trials"] < 48
+    assert summary["stop_reason"] == "converged"

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
     backend: str = "auto"
     max_trials: int = Field(default=2000, gt=0)
     max_shapes_per_job: int = Field(default=256, gt=0)
+    #: workers stop a search after this many trials without an improvement beyond the noise
+    #: (0: never; the budget decides)
+    patience: int = Field(default=0, ge=0)
+    #: workers stop a search once its best reaches this fraction of the device's roofline for
+    #: the problem (0: never)
+    roofline_stop: float = Field(default=0.95, ge=0, le=1)
 
     @field_validator("backend")
     @classmethod

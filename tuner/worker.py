@@ -29,6 +29,7 @@ from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied
 from tuner.measurement import Measurement, Outcome
 from tuner.search import SearchOptions, SearchResult, run_search
+from tuner.settings import Settings
 from tuner.shapes import shape_key
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,6 @@ def warm_start_configs(session: Session, kernel: Any, device_key: str, dtype: st
     return [c for c in dict.fromkeys(configs) if space.contains(c)]
 
 
-#: a search stops once its best reaches this fraction of the device's roofline for the problem
-ROOFLINE_STOP = 0.95
 #: dtypes whose matmul peak the calibration measures (16-bit tensor-core matmul)
 _CALIBRATED_DTYPES = ("float16", "bfloat16")
 
@@ -109,8 +108,11 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
         kernel = get_kernel(job.kernel)
         shape, dtype = dict(task.shape), job.dtype
         resume = [_measurement_of(t) for t in repo.trials_for_task(session, task_id)]
+        settings = Settings()
         options_base = dict(trials=job.budget_trials, seed=job.seed, strategy=job.strategy,
-                            time_budget_s=job.budget_seconds)
+                            time_budget_s=job.budget_seconds,
+                            patience=settings.patience or None,
+                            roofline_stop=settings.roofline_stop or None)
         job_id = job.id
     try:
         backend = open_backend(backend_kind, kernel, shape, dtype, seed=job_seed(options_base),
@@ -153,8 +155,7 @@ def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel
         if on_trial is not None:
             on_trial(number, m)
 
-    options = SearchOptions(**options_base, warm_start=warm, resume=resume, floor_ms=floor_ms,
-                            roofline_stop=ROOFLINE_STOP)
+    options = SearchOptions(**options_base, warm_start=warm, resume=resume, floor_ms=floor_ms)
     try:
         result = run_search(kernel, shape, dtype, backend, options, on_trial=record,
                             should_stop=stop)

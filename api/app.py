@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from fastapi import APIRouter, FastAPI
 from api import errors
 from api.routes import configs, devices, health, jobs, kernels
 from db.engine import init_db
+from search_spaces import get_kernel, kernel_names
 from tuner.settings import Settings
 
 
@@ -21,7 +23,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.session_factory = init_db(settings.resolved_database_url)
-        yield
+        for name in kernel_names():  # imports torch and triton now, not on the first request
+            get_kernel(name)
+        # Everything loaded so far (torch, triton, the app) lives as long as the process: keep
+        # it out of the garbage collector's full passes, which otherwise walk it all and made
+        # one request in ten on a 5,000-trial job page 3x slower (bench/NOTES.md, Dashboard).
+        gc.collect()
+        gc.freeze()
+        try:
+            yield
+        finally:
+            gc.unfreeze()
 
     app = FastAPI(title="triton-tuner", version="0.1.0", lifespan=lifespan,
                   description="Autotuning service for Triton kernels")

@@ -199,6 +199,39 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
     except repo.NotFound:
         return _page(request, "message.html", status_code=404, title="No such job",
                      message=f"There is no job {job_id!r}.", back="/jobs")
+    shapes = _shapes(session, job)
+    return _page(request, "job.html", title=f"Job {job.id[:8]}", job=job, shapes=shapes,
+                 progress=job_progress(job), active=job.status in ACTIVE)
+
+
+def _sig(x: float) -> float:
+    """Five significant digits: as precise as a timing is, and a third of the bytes."""
+    return float(f"{x:.5g}")
+
+
+@router.get("/jobs/{job_id}/charts")
+def job_charts(job_id: str, session: SessionDep) -> dict[str, Any]:
+    """The chart data of every shape of the job, by task id (a running job's page redraws
+    from it)."""
+    try:
+        job = repo.get_job(session, job_id)
+    except repo.NotFound as exc:
+        raise HTTPException(404, f"no job {job_id!r}") from exc
+    return {str(s["task"].id): s["data"] for s in _shapes(session, job)}
+
+
+@dataclass(slots=True)
+class TrialRow:
+    number: int
+    config: dict[str, int]
+    outcome: str
+    p20_ms: float | None
+    p50_ms: float | None
+    p80_ms: float | None
+    error: str | None
+
+
+def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
     # columns, not ORM objects: a job page may hold thousands of trials
     rows = session.execute(
         select(Trial.task_id, Trial.number, Trial.config, Trial.outcome, Trial.p20_ms,
@@ -212,25 +245,7 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
         space_names = list(get_kernel(job.kernel).space().names)
     except Exception:  # noqa: BLE001 - a kernel no longer registered: use what the trials say
         space_names = []
-    shapes = [task_charts(task, by_task.get(task.id, []), space_names) for task in job.tasks]
-    return _page(request, "job.html", title=f"Job {job.id[:8]}", job=job, shapes=shapes,
-                 progress=job_progress(job), active=job.status in ACTIVE)
-
-
-def _sig(x: float) -> float:
-    """Five significant digits: as precise as a timing is, and a third of the bytes."""
-    return float(f"{x:.5g}")
-
-
-@dataclass(slots=True)
-class TrialRow:
-    number: int
-    config: dict[str, int]
-    outcome: str
-    p20_ms: float | None
-    p50_ms: float | None
-    p80_ms: float | None
-    error: str | None
+    return [task_charts(task, by_task.get(task.id, []), space_names) for task in job.tasks]
 
 
 def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dict[str, Any]:

@@ -96,6 +96,17 @@ def test_job_page_has_tables_and_chart_data_from_real_trials(api_client, api_db_
     assert '<script src="/static/plotly.min.js"' in html
 
 
+def test_chart_data_endpoint_matches_the_page(api_client, api_db_url):
+    job_id = _job(api_client)
+    run_worker_once(api_db_url)
+    charts = api_client.get(f"/jobs/{job_id}/charts").json()
+    [(task_id, data)] = charts.items()
+    html = api_client.get(f"/jobs/{job_id}").text
+    embedded = re.search(rf'id="chart-data-{task_id}">(.*?)</script>', html, re.S).group(1)
+    assert json.loads(unescape(embedded)) == data
+    assert api_client.get("/jobs/nope/charts").status_code == 404
+
+
 def test_failed_trials_are_listed_with_their_reason(api_client, api_db_url):
     job_id = _job(api_client)
     factory = init_db(api_db_url)

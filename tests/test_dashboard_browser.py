@@ -136,6 +136,18 @@ def test_the_job_page_draws_its_charts(page, service):
     assert page.console_errors == []
 
 
+def test_a_running_jobs_page_redraws_its_charts_as_trials_arrive(page, service):
+    job_id = _submit(service, trials=40, shape={"M": 64, "N": 16, "K": 16})
+    page.goto(f"/jobs/{job_id}")
+    page.evaluate("window.__sameDocument = true")
+    points = "document.querySelectorAll('[data-chart=trials] .scatterlayer path.point').length"
+    first = page.evaluate(points)
+    page.wait_for_function(f"window.__sameDocument && {points} >= {first} + 2")
+    assert page.evaluate("window.__sameDocument") is True
+    httpx.post(f"{service['base']}/api/v1/jobs/{job_id}/cancel")
+    assert page.console_errors == []
+
+
 def test_cancel_from_the_jobs_page(page, service):
     job_id = _submit(service, trials=200, shape={"M": 48, "N": 16, "K": 16})
     page.goto("/jobs")

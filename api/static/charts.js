@@ -9,7 +9,7 @@
   const layout = function (extra) { return Object.assign({}, BASE, extra); };
 
   function bestSoFar(el, d) {
-    Plotly.newPlot(el, [{ x: d.numbers, y: d.best, mode: "lines+markers", line: { shape: "hv", color: "#2b7bba" },
+    Plotly.react(el, [{ x: d.numbers, y: d.best, mode: "lines+markers", line: { shape: "hv", color: "#2b7bba" },
       marker: { size: 4 }, name: "best so far", connectgaps: true }],
       layout({ title: { text: "Best so far (ms)" }, xaxis: { title: { text: "trial" } },
         yaxis: { title: { text: "ms" }, type: "log" }, showlegend: false }), CONFIG);
@@ -29,7 +29,7 @@
         mode: "markers", type: "scatter", hovertemplate: "#%{x}: %{text}<extra>" + outcome + "</extra>",
         marker: { color: d.colours[outcome] || "#444", size: failed ? 8 : 6, symbol: failed ? "x" : "circle" } };
     });
-    Plotly.newPlot(el, traces, layout({ title: { text: "Every trial by outcome (failures on top)" },
+    Plotly.react(el, traces, layout({ title: { text: "Every trial by outcome (failures on top)" },
       xaxis: { title: { text: "trial" } }, yaxis: { title: { text: "p50 ms" }, type: "log" },
       legend: { orientation: "h", y: -0.25 } }), CONFIG);
   }
@@ -37,7 +37,7 @@
   function importance(el, d) {
     const rows = d.importance.slice().reverse();
     if (!rows.length) { el.innerHTML = "<p class='muted'>Parameter importance needs 3 successful trials.</p>"; return; }
-    Plotly.newPlot(el, [{ type: "bar", orientation: "h", x: rows.map(function (r) { return r.share; }),
+    Plotly.react(el, [{ type: "bar", orientation: "h", x: rows.map(function (r) { return r.share; }),
       y: rows.map(function (r) { return r.param; }), marker: { color: "#4a9c7a" },
       hovertemplate: "%{y}: %{x:.0%} of the variance<extra></extra>" }],
       layout({ title: { text: "Parameter importance (share of log-time variance)" },
@@ -69,7 +69,7 @@
         annotations.push({ x: a, y: pos, text: String(v), showarrow: false, xanchor: "left", xshift: 4, font: { size: 10, color: "#333" } });
       });
     });
-    Plotly.newPlot(el, traces, layout({ title: { text: "Configs tried (the " + p.rows.length + " fastest), one line each" },
+    Plotly.react(el, traces, layout({ title: { text: "Configs tried (the " + p.rows.length + " fastest), one line each" },
       xaxis: { tickvals: p.axes.map(function (_, i) { return i; }), ticktext: p.axes.map(function (a) { return a.name; }),
         showgrid: true, gridcolor: "#999", zeroline: false, range: [-0.2, n - 0.6] },
       yaxis: { showticklabels: false, showgrid: false, zeroline: false, range: [-0.05, 1.05] },
@@ -99,17 +99,29 @@
         text: g.map(function (p) { return p.shape + (p.of_roof ? " · " + Math.round(p.of_roof * 100) + "% of roof" : "") + "<br>" + p.config; }),
         hovertemplate: "%{text}<br>%{x:.1f} FLOP/B, %{y:.1f} TFLOP/s<extra>" + name + "</extra>" });
     });
-    Plotly.newPlot(el, traces, layout({ title: { text: data.device }, xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP/byte)" } },
+    Plotly.react(el, traces, layout({ title: { text: data.device }, xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP/byte)" } },
       yaxis: { type: "log", title: { text: "TFLOP/s" } }, legend: { orientation: "h", y: -0.2 } }), CONFIG);
   }
 
-  document.querySelectorAll("[data-charts]").forEach(function (box) {
-    const d = JSON.parse(document.getElementById("chart-data-" + box.dataset.charts).textContent);
+  function draw(box, d) {
     bestSoFar(box.querySelector('[data-chart="best"]'), d);
     trials(box.querySelector('[data-chart="trials"]'), d);
     importance(box.querySelector('[data-chart="importance"]'), d);
     parcoords(box.querySelector('[data-chart="parcoords"]'), d);
+  }
+
+  document.querySelectorAll("[data-charts]").forEach(function (box) {
+    draw(box, JSON.parse(document.getElementById("chart-data-" + box.dataset.charts).textContent));
   });
+  // a running job's page redraws its charts as trials arrive (dashboard.js calls this)
+  window.tunerRedraw = function (jobId) {
+    return fetch("/jobs/" + jobId + "/charts").then(function (r) { return r.json(); }).then(function (all) {
+      document.querySelectorAll("[data-charts]").forEach(function (box) {
+        const d = all[box.dataset.charts];
+        if (d) draw(box, d);
+      });
+    });
+  };
   document.querySelectorAll("script.roofline-data").forEach(function (s) {
     roofline(document.getElementById(s.dataset.target), JSON.parse(s.textContent));
   });

@@ -10,7 +10,19 @@
     el.className = "status " + status;
   }
 
+  let redrawAt = 0, redrawn = -1;
+  function redraw(job) {
+    // on a running job's page, redraw the charts as trials arrive (at most every 2 s)
+    if (!window.tunerRedraw || !document.querySelector('[data-live-job][data-job="' + job.id + '"]')) return;
+    const now = Date.now();
+    if (job.trials_done === redrawn || now - redrawAt < 2000) return;
+    redrawAt = now;
+    redrawn = job.trials_done;
+    window.tunerRedraw(job.id);
+  }
+
   function update(job) {
+    redraw(job);
     document.querySelectorAll('[data-job="' + job.id + '"]').forEach(function (row) {
       const was = row.dataset.status;
       row.dataset.status = job.status;

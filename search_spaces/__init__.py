@@ -13,6 +13,7 @@ from tuner.kernel import load_ref
 
 KERNELS: dict[str, str] = {
     "matmul": "search_spaces.matmul:KERNEL",
+    "softmax": "search_spaces.softmax:KERNEL",
 }
 
 

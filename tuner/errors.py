@@ -7,6 +7,8 @@ TunerError
  |    +-- UnsupportedDtype   the kernel (or backend) does not take that dtype
  |    +-- InvalidConfig      a config outside the kernel's search space
  +-- ReplayTableError        a replay file that is missing, does not parse or does not fit
+ +-- ConfigsFileError        an exported configs file that is missing, does not parse, is not
+                             tuner-configs-v1, has a malformed entry or cannot be written
  +-- BackendUnavailable      the asked-for backend cannot run here (e.g. cuda without a GPU)
  +-- WorkerDied              the measuring child process died and could not be restarted
 """
@@ -46,6 +48,10 @@ class InvalidConfig(InvalidRequest):
 
 
 class ReplayTableError(TunerError):
+    pass
+
+
+class ConfigsFileError(TunerError):
     pass
 
 

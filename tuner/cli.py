@@ -1,4 +1,4 @@
-"""The ``tuner`` command: tune a kernel, list stored configs, run workers, serve the API.
+"""The ``tuner`` command: tune kernels, list, export and import configs, run workers, serve.
 
 Bad input gets one clear line on stderr and exit status 2; a tuning run that finds no working
 config exits 1.
@@ -61,7 +61,41 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=None,
                        help="worker processes (default: one per GPU, or one interpreter worker)")
     serve.add_argument("--backend", default=None, choices=["auto", "cuda", "interpret"])
+    _add_file_commands(sub)
     return parser
+
+
+def _add_db_option(command: argparse.ArgumentParser) -> None:
+    # also accepted after the subcommand (``tuner import FILE --db URL``); SUPPRESS keeps a
+    # global ``--db`` given before it from being overwritten with None
+    command.add_argument("--db", default=argparse.SUPPRESS, help="SQLAlchemy database URL "
+                         "(as the global --db)")
+
+
+def _add_file_commands(sub: Any) -> None:
+    export = sub.add_parser("export", help="write stored best configs to a file for use "
+                            "without the service (tuner-configs-v1, or vLLM's format)")
+    export.add_argument("--kernel", help="only this kernel")
+    export.add_argument("--dtype", help="only this dtype")
+    export.add_argument("--device", help="only this device key, e.g. 'cuda:NVIDIA H200:sm90'")
+    export.add_argument("--where", metavar="DIMS", help="only shapes with these dimensions, "
+                        "e.g. N=4096,K=4096")
+    export.add_argument("--kernel-version", help="only this kernel source version")
+    export.add_argument("--triton", metavar="MAJOR.MINOR", help="only configs tuned with this "
+                        "Triton minor version, e.g. 3.6")
+    export.add_argument("--format", default="tuner", choices=["tuner", "vllm"],
+                        help="tuner: tuner-configs-v1 (every identity field; the default); "
+                        "vllm: {M: config} with vLLM's names, for one kernel, dtype and device "
+                        "and shapes that differ only in M")
+    export.add_argument("--out", default="-", metavar="FILE", help="where to write "
+                        "(default: - for standard output); replaced atomically")
+    _add_db_option(export)
+
+    load = sub.add_parser("import", help="load a tuner-configs-v1 file into the store (the "
+                          "faster of a stored and an imported config is kept)")
+    load.add_argument("file", metavar="FILE", help="a file written by tuner export "
+                      "(- for standard input)")
+    _add_db_option(load)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +120,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     handler = {"tune": cli_commands.tune, "configs": cli_commands.configs,
                "kernels": cli_commands.kernels, "worker": cli_commands.worker,
-               "serve": cli_commands.serve}[args.command]
+               "serve": cli_commands.serve, "export": cli_commands.export,
+               "import": cli_commands.import_configs}[args.command]
     result: Any = handler(args)
     return int(result)
 

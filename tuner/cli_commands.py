@@ -6,11 +6,18 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InvalidRequest, UnsupportedDtype
+from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
 from tuner.settings import Settings
 from tuner.shapes import parse_shape, shape_label, validate_shape
+
+if TYPE_CHECKING:  # imported where used, so that ``tuner --help`` stays quick
+    from sqlalchemy.orm import Session
+
+    from db.models import BestConfig
+    from tuner.configs_file import ConfigsEntry
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -209,3 +216,108 @@ def serve(args: argparse.Namespace) -> int:
 
     return serve_service(_settings(args), host=args.host, port=args.port,
                          workers=args.workers, backend=args.backend)
+
+
+# -- export / import: configs files for use without the service (tuner.configs_file) -----------
+
+def export(args: argparse.Namespace) -> int:
+    from db import repo
+    from tuner import configs_file
+
+    where = _parse_where(args.where)
+    factory = _session_factory(_settings(args))
+    with factory() as session:
+        rows = repo.list_best(session, kernel=args.kernel, device_key=args.device,
+                              dtype=args.dtype)
+        entries = [_entry_of(r) for r in rows if _selected(r, where, args)]
+    if not entries:
+        print(f"tuner: {_nothing_matches(args)}", file=sys.stderr)
+        return 1
+    write = configs_file.write_vllm if args.format == "vllm" else configs_file.write_tuner
+    count = write(entries, args.out)
+    name = "vllm" if args.format == "vllm" else configs_file.FORMAT
+    target = "standard output" if args.out == configs_file.STDOUT else args.out
+    print(f"tuner: wrote {count} configs ({name}) to {target}", file=sys.stderr)
+    return 0
+
+
+def _parse_where(text: str | None) -> dict[str, int]:
+    if text is None:
+        return {}
+    try:
+        return parse_shape(text)
+    except InvalidShape as exc:
+        raise InvalidRequest(f"--where {text!r}: {exc}", field="where") from None
+
+
+def _selected(row: BestConfig, where: dict[str, int], args: argparse.Namespace) -> bool:
+    from tuner.identity import same_triton_minor
+
+    if any(row.shape.get(dim) != value for dim, value in where.items()):
+        return False
+    if args.kernel_version and row.kernel_version != args.kernel_version:
+        return False
+    return not args.triton or same_triton_minor(row.triton_version, args.triton)
+
+
+def _nothing_matches(args: argparse.Namespace) -> str:
+    filters = [f"{name}={getattr(args, name)}" for name in
+               ("kernel", "dtype", "device", "where", "kernel_version", "triton")
+               if getattr(args, name)]
+    if not filters:
+        return "no stored configs to export: the store is empty"
+    return f"no stored configs match {', '.join(filters)} (tuner configs lists what is stored)"
+
+
+def _entry_of(row: BestConfig) -> ConfigsEntry:
+    from tuner.config import KernelConfig
+    from tuner.configs_file import ConfigsEntry
+
+    return ConfigsEntry(kernel=row.kernel, kernel_version=row.kernel_version, dtype=row.dtype,
+                        device=row.device_key, triton_version=row.triton_version,
+                        shape=dict(row.shape), config=KernelConfig(row.config), ms=row.p50_ms,
+                        tflops=row.tflops, gbps=row.gbps, torch_version=row.torch_version,
+                        cuda_version=row.cuda_version)
+
+
+def import_configs(args: argparse.Namespace) -> int:
+    from db import repo
+    from tuner.configs_file import ConfigsFile, device_fingerprint
+
+    entries = ConfigsFile.load(args.file).entries
+    times = _times(args.file, entries)
+    factory = _session_factory(_settings(args))
+    with factory() as session:
+        # the dashboard lists configs by their device row; existing rows keep what they hold
+        for key in sorted({e.device for e in entries}):
+            if repo.get_device(session, key) is None:
+                repo.upsert_device(session, device_fingerprint(key))
+        written = sum(_store_entry(session, e, ms) for e, ms in zip(entries, times, strict=True))
+        session.commit()  # one transaction: a failure part-way imports nothing
+    print(f"imported {written}, kept {len(entries) - written} faster stored configs")
+    return 0
+
+
+def _times(path: str, entries: Sequence[ConfigsEntry]) -> list[float]:
+    """Each entry's time; checked before anything is written (the store ranks by time)."""
+    from tuner.errors import ConfigsFileError
+
+    times = [e.ms for e in entries]
+    for i, ms in enumerate(times):
+        if ms is None:
+            raise ConfigsFileError(f"configs file {path!r}: entry {i} has no \"ms\": the store "
+                                   "keeps a config only with its time")
+    return [ms for ms in times if ms is not None]
+
+
+def _store_entry(session: Session, entry: ConfigsEntry, ms: float) -> bool:
+    from db import repo
+
+    # a file carries the median time only, so the stored spread (p20..p80) is that one value
+    _, written = repo.store_best(
+        session, device_key=entry.device, kernel=entry.kernel,
+        kernel_version=entry.kernel_version, dtype=entry.dtype, shape=entry.shape,
+        triton_version=entry.triton_version, config=entry.config.to_dict(), p20_ms=ms,
+        p50_ms=ms, p80_ms=ms, tflops=entry.tflops, gbps=entry.gbps,
+        torch_version=entry.torch_version, cuda_version=entry.cuda_version, task_id=None)
+    return bool(written)

@@ -191,5 +191,9 @@ class SoftmaxKernel:
     def torch_baseline(self, inputs: dict[str, Any]) -> None:
         torch.softmax(inputs["x"], dim=-1)
 
+    def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
+        """No model of this kernel's run time: strategies rank its configs flat."""
+        return None
+
 
 KERNEL = SoftmaxKernel()

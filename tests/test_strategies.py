@@ -1,8 +1,10 @@
-"""The strategy contract, for every registered strategy, on recorded H200 tables; the cost-model
-prior; and the replay-table writer of bench/record_tables.py."""
+"""The strategy contract, for every registered strategy, on recorded H200 tables; the kernel's
+prior (matmul's cost model) reaching the strategies; "auto" per kernel; and the replay-table
+writer of bench/record_tables.py."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -12,16 +14,19 @@ from search_spaces import get_kernel
 from tuner.backends.replay import ReplayBackend, load_table, parse_table
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
-from tuner.search import SearchOptions, run_search
+from tuner.search import SearchLoop, SearchOptions, run_search
 from tuner.space import Param, ProblemContext, SearchSpace
 from tuner.strategies import (
     DEFAULT_STRATEGY,
+    DEFAULT_STRATEGY_WITHOUT_PRIOR,
     STRATEGIES,
     cost_model,
+    kernel_has_prior,
     make_strategy,
+    resolve_strategy,
     strategy_names,
 )
-from tuner.strategies.model_based import ranked_feasible
+from tuner.strategies.model_based import estimates, ranked_feasible
 
 DATA = Path(__file__).resolve().parent / "data/replay"
 TABLE = DATA / "matmul_1000x3000x500_float16_h200.json"
@@ -116,13 +121,14 @@ def test_default_strategy_with_warm_start_gets_close_on_an_odd_shape(table):
 
 
 def test_cost_model_prefers_big_tiles_on_a_big_square_and_small_ones_on_a_skinny_problem():
-    space = get_kernel("matmul").space()
+    kernel = get_kernel("matmul")
+    space = kernel.space()
     big = ProblemContext({"M": 4096, "N": 4096, "K": 4096}, "bfloat16")
-    ranked, est = ranked_feasible(space, big, seed=0)
+    ranked, est = ranked_feasible(space, big, seed=0, prior=kernel.prior)
     assert ranked[0]["BLOCK_M"] * ranked[0]["BLOCK_N"] >= 128 * 128
-    assert list(est) == sorted(est)
+    assert list(est) == sorted(est) and len(set(est)) > 100
     skinny = ProblemContext({"M": 16, "N": 4096, "K": 4096}, "float16")
-    assert ranked_feasible(space, skinny, seed=0)[0][0]["BLOCK_M"] == 16
+    assert ranked_feasible(space, skinny, seed=0, prior=kernel.prior)[0][0]["BLOCK_M"] == 16
     # more SMs: fewer waves, never slower
     config = ranked[0]
     wide = ProblemContext(big.shape, big.dtype, big.smem_limit, sm_count=264)
@@ -130,7 +136,7 @@ def test_cost_model_prefers_big_tiles_on_a_big_square_and_small_ones_on_a_skinny
 
 
 def test_cost_model_is_flat_where_it_does_not_apply():
-    space = SearchSpace((Param.pow2("BLOCK", 32, 256), Param.ints("num_warps", (4, 8))))
+    space = SearchSpace((Param.pow2("BLOCK_N", 32, 256), Param.ints("num_warps", (4, 8))))
     ctx = ProblemContext({"N": 1000}, "float16")
     assert not cost_model.applies(space.names, ctx)
     assert {cost_model.estimate(c, ctx) for c in space} == {0.0}
@@ -172,3 +178,112 @@ def test_record_tables_writes_a_replay_v1_table_the_backend_reads():
     assert got[bad].outcome.is_failure and "wrong_result" in (got[bad].error or "")
     assert table_name(shape, "float16") == "matmul_16x4096x4096_float16_h200.json"
     assert select_shapes("0,16x8x4:bfloat16")[1] == ({"M": 16, "N": 8, "K": 4}, "bfloat16")
+
+
+# -- the kernel's prior and "auto" ------------------------------------------------------------
+
+SMALL = SearchSpace((Param.pow2("BLOCK_N", 32, 256), Param.ints("ROWS", (1, 2)),
+                     Param.pow2("num_warps", 4, 8)))
+SMALL_CTX = ProblemContext({"M": 64, "N": 1000}, "float16")
+
+
+def big_blocks_first(config: KernelConfig, ctx: ProblemContext) -> float | None:
+    """A made-up prior: bigger blocks and more rows per program are faster."""
+    return -math.log(config["BLOCK_N"] * config["ROWS"]) + 0.01 * config["num_warps"]
+
+
+def first_asks(prior, seed: int, n: int = 3) -> list[KernelConfig]:
+    strategy = make_strategy("model", SMALL, SMALL_CTX, seed, 8, prior=prior)
+    asks = []
+    for _ in range(n):
+        config = strategy.ask()
+        assert config is not None
+        strategy.tell(config, Measurement(config, Outcome.OK, p20_ms=1.0, p50_ms=1.0,
+                                          p80_ms=1.0))
+        asks.append(config)
+    return asks
+
+
+def test_the_prior_given_to_make_strategy_ranks_the_model_strategys_asks():
+    best = KernelConfig(BLOCK_N=256, ROWS=2, num_warps=4)
+    with_prior = [first_asks(big_blocks_first, seed) for seed in range(5)]
+    flat = [first_asks(None, seed) for seed in range(5)]
+    # with the prior: its best first, whatever the seed, then the next-best tile (BLOCK_N=128)
+    assert all(a[0] == best and a[1]["BLOCK_N"] == 128 for a in with_prior)
+    # flat: a seeded shuffle, so the seeds start in different places
+    assert len({a[0] for a in flat}) > 1
+    # a prior with no estimate is flat: the same asks as no prior
+    assert [first_asks(lambda c, ctx: None, seed) for seed in range(5)] == flat
+
+
+def test_configs_without_an_estimate_rank_at_the_median_of_the_others():
+    configs = list(SMALL)[:3]
+    values = iter([1.0, None, 3.0])
+    assert list(estimates(configs, SMALL_CTX, lambda c, ctx: next(values))) == [1.0, 2.0, 3.0]
+    assert list(estimates(configs, SMALL_CTX, None)) == [0.0, 0.0, 0.0]
+
+
+class SmallKernel:
+    """A kernel of the SMALL space; ``with_prior`` adds ``big_blocks_first`` as its prior."""
+
+    name = "small"
+
+    def space(self) -> SearchSpace:
+        return SMALL
+
+    def default_config(self, shape, dtype) -> KernelConfig:
+        return KernelConfig(BLOCK_N=64, ROWS=1, num_warps=4)
+
+
+class SmallKernelWithPrior(SmallKernel):
+    def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
+        return big_blocks_first(config, ctx)
+
+
+def small_table():
+    results = [{"config": dict(c), "ms": 1.0 + 0.01 * i} for i, c in enumerate(SMALL)]
+    return parse_table({"format": "replay-v1", "kernel": "small", "device": "synthetic",
+                        "shape": dict(SMALL_CTX.shape), "dtype": "float16",
+                        "params": list(SMALL.names), "results": results})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_search_loop_hands_the_kernels_prior_to_the_strategy(seed):
+    table = small_table()
+    options = SearchOptions(trials=2, seed=seed, strategy="model", retime_rounds=0)
+    led = run_search(SmallKernelWithPrior(), table.shape, table.dtype, ReplayBackend(table),
+                     options)
+    assert led.trials[0].config == KernelConfig(BLOCK_N=256, ROWS=2, num_warps=4)
+    # a kernel written before TunableKernel.prior (no such method) still searches, flat
+    old = run_search(SmallKernel(), table.shape, table.dtype, ReplayBackend(table), options)
+    assert len(old.trials) == 2
+
+
+def test_auto_is_the_model_for_a_kernel_with_a_prior_and_the_default_without(monkeypatch):
+    assert resolve_strategy("auto", True) == DEFAULT_STRATEGY
+    assert resolve_strategy("auto", False) == DEFAULT_STRATEGY_WITHOUT_PRIOR
+    assert resolve_strategy("tpe", False) == "tpe"
+    matmul, softmax = get_kernel("matmul"), get_kernel("softmax")
+    mm_ctx = ProblemContext({"M": 64, "N": 64, "K": 64}, "float16")
+    assert kernel_has_prior(matmul, mm_ctx.shape, "float16", mm_ctx)
+    sm_ctx = ProblemContext({"M": 4, "N": 33}, "float32")
+    assert not kernel_has_prior(softmax, sm_ctx.shape, "float32", sm_ctx)
+    assert not kernel_has_prior(SmallKernel(), SMALL_CTX.shape, "float16", SMALL_CTX)
+    # the loop resolves it per kernel: a different default without a prior reaches softmax only
+    monkeypatch.setattr("tuner.strategies.DEFAULT_STRATEGY_WITHOUT_PRIOR", "random")
+    table = small_table()
+    auto = SearchOptions(trials=2, strategy="auto")
+    assert SearchLoop(SmallKernel(), table.shape, table.dtype, ReplayBackend(table),
+                      auto).strategy.name == "random"
+    assert SearchLoop(SmallKernelWithPrior(), table.shape, table.dtype, ReplayBackend(table),
+                      auto).strategy.name == DEFAULT_STRATEGY
+    mm = load_table(TABLE)
+    assert SearchLoop(matmul, mm.shape, mm.dtype, ReplayBackend(mm),
+                      auto).strategy.name == DEFAULT_STRATEGY
+    sm = parse_table({"format": "replay-v1", "kernel": "softmax", "device": "synthetic",
+                      "shape": {"M": 4, "N": 33}, "dtype": "float32",
+                      "params": ["BLOCK_N", "ROWS", "num_stages", "num_warps"],
+                      "results": [{"config": {"BLOCK_N": 64, "ROWS": 1, "num_stages": 2,
+                                              "num_warps": 4}, "ms": 0.01}]})
+    assert SearchLoop(softmax, sm.shape, sm.dtype, ReplayBackend(sm),
+                      auto).strategy.name == "random"

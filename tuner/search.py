@@ -21,7 +21,7 @@ from tuner.backends.base import Backend
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
 from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext, SearchSpace
-from tuner.strategies import make_strategy
+from tuner.strategies import kernel_has_prior, kernel_prior, make_strategy, resolve_strategy
 from tuner.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,11 @@ class SearchLoop:
         smem = backend.fingerprint.smem_per_block or DEFAULT_SMEM_LIMIT
         self.ctx = ProblemContext(dict(shape), dtype, smem,
                                   backend.fingerprint.sm_count or ProblemContext.sm_count)
-        self.strategy: Strategy = make_strategy(options.strategy, self.space, self.ctx,
-                                                options.seed, options.trials)
+        # the kernel's own prior ranks configs (kernels written before TunableKernel.prior
+        # have none: flat); "auto" is chosen by whether the kernel has one
+        name = resolve_strategy(options.strategy, kernel_has_prior(kernel, shape, dtype, self.ctx))
+        self.strategy: Strategy = make_strategy(name, self.space, self.ctx, options.seed,
+                                                options.trials, prior=kernel_prior(kernel))
         self.rng = random.Random(options.seed)
         self.tried: dict[KernelConfig, Measurement] = {}
         self.trials: list[Measurement] = []

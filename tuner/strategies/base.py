@@ -6,17 +6,26 @@ already tried: the loop tells the strategy so without spending budget). ``tell``
 once for each asked config and may also be called for configs the strategy never proposed
 (warm-start configs, resumed trials): a strategy must learn from those too. Strategies are
 reproducible: the same seed and the same tells give the same asks.
+
+A strategy may be given the kernel's ``prior`` (``TunableKernel.prior``): an estimated log run
+time of a config on the problem, used only to rank configs, or None where the kernel has no
+model. Strategies know nothing of a kernel's parameters but what the space and the prior say.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeAlias
 
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement
 from tuner.space import ProblemContext, SearchSpace
+
+#: a kernel's prior: estimated log run time of a config on a problem (lower ranks first), or None
+#: where it has no estimate
+Prior: TypeAlias = Callable[[KernelConfig, ProblemContext], "float | None"]
 
 
 class Strategy(ABC):
@@ -24,8 +33,10 @@ class Strategy(ABC):
     #: whether ``ask`` can return every feasible config in turn (exhaustive): no fallback needed
     systematic: ClassVar[bool] = False
 
-    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int,
+                 prior: Prior | None = None) -> None:
         self.space, self.ctx, self.seed, self.budget = space, ctx, seed, budget
+        self.prior = prior
         self._worst_ok = -math.inf
 
     @abstractmethod

@@ -1,5 +1,8 @@
 """A cheap analytic prior for tiled GEMM-like configs: which configs to measure first.
 
+It is matmul's own prior (``MatmulKernel.prior`` returns :func:`estimate`); the strategies never
+call it directly: they rank configs with whatever prior the kernel gives them.
+
 It never sees a measurement. From the config (BLOCK_M/N/K, num_warps, num_stages, GROUP_M), the
 problem (M, N, K, dtype) and the device's limits (shared memory per block, SM count) it estimates a
 run time in arbitrary units, as the slowest of three limits, each with wave quantisation of the

@@ -1,20 +1,23 @@
-"""Strategies led by the analytic cost model (``cost_model``): measure what it ranks first, then
-learn where it is wrong.
+"""Strategies led by the kernel's prior (``TunableKernel.prior``, e.g. matmul's analytic cost
+model): measure what it ranks first, then learn where it is wrong.
 
-``model``: every feasible config gets a predicted log-time = the cost model's estimate plus a
+``model``: every feasible config gets a predicted log-time = the prior's estimate plus a
 correction learned from the measurements so far: a kernel-weighted average of the residuals
 (measured - estimated) of the measured configs, by distance in the ordinal encoding (so a
-measurement corrects the model around it, like a Gaussian process whose prior mean is the cost
-model). Each ask takes the untried config with the lowest predicted time minus a small bonus for
-configs far from anything measured. The first asks are the model's best configs of distinct tile
-shapes (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``), so that one wrong guess of the model costs one
-trial, not a run of near-duplicates. Failures are residuals too (Strategy.objective penalises
-them), so the neighbourhood of a failure is avoided.
+measurement corrects the prior around it, like a Gaussian process whose prior mean is the
+prior). Each ask takes the untried config with the lowest predicted time minus a small bonus for
+configs far from anything measured. The first asks are the prior's best configs of distinct
+tile shapes (the ``BLOCK_*`` parameters, Triton's naming of block sizes), so that one wrong
+guess of the prior costs one trial, not a run of near-duplicates. Failures are residuals too
+(Strategy.objective penalises them), so the neighbourhood of a failure is avoided. Without a
+prior (None, or None for every config) every estimate is 0: the order is a seeded shuffle and
+the strategy is the learned correction alone.
 
-``model-tpe``: multivariate TPE whose startup trials are the cost model's top picks (distinct tile
+``model-tpe``: multivariate TPE whose startup trials are the prior's top picks (distinct tile
 shapes) instead of random ones.
 
-Neither reads anything but the space, its constraints and the ProblemContext before measuring.
+Neither reads anything but the space, its constraints, the ProblemContext and the prior before
+measuring.
 """
 
 from __future__ import annotations
@@ -28,30 +31,44 @@ import optuna
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement
 from tuner.space import ProblemContext, SearchSpace
-from tuner.strategies import cost_model
-from tuner.strategies.base import Strategy
+from tuner.strategies.base import Prior, Strategy
 from tuner.strategies.optuna_based import TPEStrategy
 
-TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+#: parameters whose names start with this are tile (block) sizes: Triton's convention
+TILE_PREFIX = "BLOCK_"
 
 
-def ranked_feasible(space: SearchSpace, ctx: ProblemContext,
-                    seed: int) -> tuple[list[KernelConfig], np.ndarray]:
+def estimates(configs: list[KernelConfig], ctx: ProblemContext,
+              prior: Prior | None) -> np.ndarray:
+    """The prior's log-time of each config. A config it has no estimate for (None) gets the
+    median of the others', so that it is neither favoured nor shunned; no prior, or no
+    estimate at all: 0.0 everywhere (flat)."""
+    if prior is None:
+        return np.zeros(len(configs))
+    raw = [prior(c, ctx) for c in configs]
+    known = [float(v) for v in raw if v is not None]
+    fill = float(np.median(known)) if known else 0.0
+    return np.array([fill if v is None else float(v) for v in raw], dtype=float)
+
+
+def ranked_feasible(space: SearchSpace, ctx: ProblemContext, seed: int,
+                    prior: Prior | None = None) -> tuple[list[KernelConfig], np.ndarray]:
     """Feasible configs, best estimate first, and their estimated log-times. Ties (and a flat
     prior) are broken by a seeded shuffle."""
     configs = space.feasible(ctx)
     random.Random(seed).shuffle(configs)
-    est = np.array([cost_model.estimate(c, ctx) for c in configs], dtype=float)
+    est = estimates(configs, ctx, prior)
     order = np.argsort(est, kind="stable")
     return [configs[i] for i in order], est[order]
 
 
 def diverse_top(configs: list[KernelConfig], n: int) -> list[KernelConfig]:
-    """The first ``n`` configs of distinct tile shapes (all of ``configs`` if it has no tiles)."""
+    """The first ``n`` configs of distinct tile shapes (their ``BLOCK_*`` values; all values
+    where a config has no such parameter)."""
     picks: list[KernelConfig] = []
     seen: set[tuple[int, ...]] = set()
     for c in configs:
-        key = tuple(c[k] for k in TILE if k in c) or tuple(c.values())
+        key = tuple(v for k, v in c.items() if k.startswith(TILE_PREFIX)) or tuple(c.values())
         if key in seen:
             continue
         seen.add(key)
@@ -63,7 +80,7 @@ def diverse_top(configs: list[KernelConfig], n: int) -> list[KernelConfig]:
 
 class ModelStrategy(Strategy):
     name = "model"
-    #: configs of distinct tile shapes measured first, straight from the cost model
+    #: configs of distinct tile shapes measured first, straight from the prior
     startup = 4
     #: kernel width, in ordinal steps (a neighbour one power of two away weighs exp(-1/(2*1.0)))
     length_scale = 1.0
@@ -71,19 +88,20 @@ class ModelStrategy(Strategy):
     prior_weight = 0.3
     #: exploration bonus per unit of "nothing measured nearby", in log-time
     kappa = 0.05
-    #: ridge penalty of the per-value correction (larger: trust the cost model longer)
+    #: ridge penalty of the per-value correction (larger: trust the prior longer)
     ridge = 10.0
     #: residuals are clipped to +-this (log-time) for the per-value correction, so that one
     #: pathological config does not condemn every config sharing a value with it
     clip = 0.3
 
-    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
-        super().__init__(space, ctx, seed, budget)
-        self.configs, self.est = ranked_feasible(space, ctx, seed)
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int,
+                 prior: Prior | None = None) -> None:
+        super().__init__(space, ctx, seed, budget, prior)
+        self.configs, self.est = ranked_feasible(space, ctx, seed, prior)
         self.index = {c: i for i, c in enumerate(self.configs)}
         self.coords = np.array([space.encode(c) for c in self.configs], dtype=float).reshape(
             len(self.configs), len(space.params))
-        # one-hot features of every parameter value: the correction learns "the model overrates
+        # one-hot features of every parameter value: the correction learns "the prior overrates
         # num_warps=8 on this problem" from one measurement and applies it everywhere
         onehot = [np.equal.outer(self.coords[:, j], np.arange(len(p.values))).astype(float)
                   for j, p in enumerate(space.params)]
@@ -136,7 +154,7 @@ class ModelStrategy(Strategy):
         value = self.objective(measurement)
         self.asked.discard(config)
         i = self.index.get(config)
-        if i is None:  # pruned or outside the feasible list: nothing to learn about the model
+        if i is None:  # pruned or outside the feasible list: nothing to learn about the prior
             return
         if self.tried[i]:
             return
@@ -147,13 +165,14 @@ class ModelStrategy(Strategy):
 
 
 class ModelTPEStrategy(TPEStrategy):
-    """TPE (multivariate, ordinal) whose startup trials are the cost model's top picks."""
+    """TPE (multivariate, ordinal) whose startup trials are the prior's top picks."""
 
     name = "model-tpe"
 
-    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
-        super().__init__(space, ctx, seed, budget)
-        configs, _ = ranked_feasible(space, ctx, seed)
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int,
+                 prior: Prior | None = None) -> None:
+        super().__init__(space, ctx, seed, budget, prior)
+        configs, _ = ranked_feasible(space, ctx, seed, prior)
         for config in diverse_top(configs, self._startup()):
             self.study.enqueue_trial(self._encode(config))
 

@@ -18,7 +18,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
 from tuner.space import ProblemContext, SearchSpace
-from tuner.strategies.base import Strategy
+from tuner.strategies.base import Prior, Strategy
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -29,8 +29,9 @@ MAX_OUTSIDE_PROPOSALS = 25
 class OptunaStrategy(Strategy):
     name = "optuna"
 
-    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int) -> None:
-        super().__init__(space, ctx, seed, budget)
+    def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int,
+                 prior: Prior | None = None) -> None:
+        super().__init__(space, ctx, seed, budget, prior)
         self.study = optuna.create_study(direction="minimize", sampler=self.make_sampler())
         self._pending: dict[KernelConfig, list[optuna.trial.Trial]] = defaultdict(list)
         self._distributions = {p.name: self._distribution(p.name) for p in space.params}

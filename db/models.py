@@ -188,3 +188,40 @@ class BestConfig(Base):
     cuda_version: Mapped[str | None] = mapped_column(String(40))
     task_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id", ondelete="SET NULL"))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Miss(Base):
+    """A lookup that the store could not answer exactly for its caller (reported by clients
+    with ``report_misses``): one row per identity, counted each time it is reported, and the
+    tuning job queued for it on the caller's device, if any.
+
+    ``device_key`` is ``""`` when the caller gave no device: unique constraints treat NULLs as
+    distinct, so a NULL would let every report of the same miss insert a row of its own.
+    ``status`` is the job's state while there is a job (queued, running, tuned, failed: kept in
+    step by the repository functions that change a job's status), else why none was queued
+    (rate-limited, capped, kernel-version-mismatch, no-device)."""
+
+    __tablename__ = "misses"
+    __table_args__ = (UniqueConstraint("device_key", "kernel", "kernel_version", "dtype",
+                                       "shape_key", name="uq_miss_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_key: Mapped[str] = mapped_column(String(200))
+    kernel: Mapped[str] = mapped_column(String(100), index=True)
+    kernel_version: Mapped[str] = mapped_column(String(40))
+    dtype: Mapped[str] = mapped_column(String(20))
+    shape_key: Mapped[str] = mapped_column(String(200))
+    shape: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: times reported
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    last_client: Mapped[str | None] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(40), index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"),
+                                               index=True)
+    #: the client whose report queued the current job, and when (the per-client rate limit)
+    queued_by: Mapped[str | None] = mapped_column(String(100))
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: why it is in its status, in words (the job's error, the limit that was hit, ...)
+    note: Mapped[str | None] = mapped_column(Text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     #: workers stop a search once its best reaches this fraction of the device's roofline for
     #: the problem (0: never)
     roofline_stop: float = Field(default=0.95, ge=0, le=1)
+    #: new misses (lookups not served exactly) one client may have queued as tuning jobs in
+    #: the last hour; later ones are recorded, not queued (0: record misses, never queue)
+    miss_rate_per_client: int = Field(default=60, ge=0)
+    #: misses of one kernel whose jobs may be queued or running at once (0: never queue)
+    miss_cap_per_kernel: int = Field(default=32, ge=0)
+    #: trial budget of the job queued for a miss
+    miss_trials: int = Field(default=48, gt=0)
 
     @field_validator("backend")
     @classmethod
@@ -51,6 +58,13 @@ class Settings(BaseSettings):
         if value not in ("auto", "cuda", "interpret"):
             raise ValueError("TUNER_BACKEND must be auto, cuda or interpret")
         return value
+
+    @model_validator(mode="after")
+    def _miss_trials_within_limit(self) -> Settings:
+        if self.miss_trials > self.max_trials:
+            raise ValueError(f"TUNER_MISS_TRIALS ({self.miss_trials}) is above TUNER_MAX_TRIALS "
+                             f"({self.max_trials})")
+        return self
 
     @property
     def resolved_database_url(self) -> str:
@@ -68,3 +82,20 @@ class Settings(BaseSettings):
             key, _, mode = raw.partition(":")
             keys[key] = "ro" if mode == "ro" else "rw"
         return keys
+
+
+class ClientSettings(BaseSettings):
+    """What a model process using ``tuner.autotune`` reads from its environment (``TUNER_``
+    prefix); ``tuner.configure(...)`` overrides any of them in code."""
+
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
+
+    #: the tuning service (e.g. http://tuner:8000); empty: no service, files and Triton only
+    url: str = ""
+    api_key: str = ""
+    #: an exported configs file (``tuner export``), consulted before the service
+    configs_file: str = ""
+    #: one deadline, in seconds, for a whole lookup request, however slowly the server answers
+    lookup_deadline_s: float = Field(default=2.0, gt=0, le=600)
+    #: ask the service to tune shapes it could not answer exactly (for the next start-up)
+    report_misses: bool = True

@@ -2,19 +2,29 @@
 
 A model's start-up never fails because of the service. When it is down, slow or answers an
 error, lookups log ONE warning and answer from ``cache_file`` (the answers a previous run saved)
-or else with the kernel's default config; after a connection failure the client does not try
-the service again for ``retry_after_s``, so a model with many kernels pays the timeout once.
-The only error a lookup raises is ``UnknownKernel``, for a kernel this installation does not
-have (there is no default to give). ``submit``/``job``/``wait`` raise ``TunerClientError``.
+or else with the kernel's default config; after a failure the client does not try the service
+again for ``retry_after_s``, so a model with many kernels pays the deadline once. ``timeout`` is
+ONE deadline for a whole lookup request (connecting, sending, and reading the answer however
+slowly the server trickles it), not a per-read timeout. The only error a lookup raises is
+``UnknownKernel``, for a kernel this installation does not have (there is no default to give).
+``submit``/``job``/``wait`` raise ``TunerClientError``.
 
-Lookup order: this process's answers from the service -> the service -> ``cache_file`` ->
-the kernel's default.
+The client sends who is asking with every lookup: its device key (detected: the current CUDA
+GPU, or the interpreter under ``TRITON_INTERPRET=1``), its Triton version and the kernel's
+source version, so that ``"match": "exact"`` means this GPU model, this kernel source and this
+Triton minor version. With ``report_misses``, the service queues a tuning job for every shape it
+could not answer exactly, so the next start-up finds it tuned.
+
+Lookup order: ``configs_file`` (an exported file: exact identity only) -> this process's answers
+from the service -> the service -> ``cache_file`` -> the kernel's default.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,15 +33,22 @@ from typing import Any
 import httpx
 
 from tuner.config import KernelConfig
+from tuner.identity import local_device_key, local_triton_version
 from tuner.shapes import shape_key
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+#: ``device=AUTO``: detect this process's device on the first lookup
+AUTO = "auto"
 
 
 class TunerClientError(Exception):
     """The service refused a request or could not be reached (submit, job, wait)."""
+
+
+class _DeadlineExceeded(Exception):
+    """A lookup request did not finish within the client's deadline."""
 
 
 def default_config(kernel: str, shape: Mapping[str, int], dtype: str) -> KernelConfig:
@@ -39,6 +56,18 @@ def default_config(kernel: str, shape: Mapping[str, int], dtype: str) -> KernelC
     from search_spaces import get_kernel
 
     return KernelConfig(get_kernel(kernel).default_config(shape, dtype))
+
+
+def local_kernel_version(kernel: str) -> str | None:
+    """The source version of ``kernel`` as installed here; None when it is not installed
+    (the service then assumes its own version)."""
+    from search_spaces import get_kernel
+    from tuner.errors import UnknownKernel
+
+    try:
+        return get_kernel(kernel).version
+    except UnknownKernel:
+        return None
 
 
 def _config_of(answer: Mapping[str, Any] | None) -> KernelConfig | None:
@@ -50,62 +79,146 @@ def _config_of(answer: Mapping[str, Any] | None) -> KernelConfig | None:
         return None
 
 
+def _with_deadline(call: Any, deadline_s: float) -> Any:
+    """``call()`` in a daemon thread, abandoned after ``deadline_s``: httpx's timeouts are per
+    socket operation, so a server that trickles one byte a second would otherwise hold a
+    lookup for as long as it likes."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name="tuner-client-lookup")
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        raise _DeadlineExceeded(f"no complete answer within {deadline_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class TunerClient:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 5.0,
-                 transport: httpx.BaseTransport | None = None,
-                 cache_file: str | Path | None = None, retry_after_s: float = 30.0) -> None:
+    def __init__(self, base_url: str | None = None, api_key: str | None = None,
+                 timeout: float = 5.0, transport: httpx.BaseTransport | None = None,
+                 cache_file: str | Path | None = None, retry_after_s: float = 30.0, *,
+                 configs_file: str | Path | None = None, device: str | None = AUTO,
+                 report_misses: bool = False, client_name: str | None = None) -> None:
         headers = {"X-API-Key": api_key} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
-                                  headers=headers, transport=transport)
+        self.base_url = base_url.rstrip("/") if base_url else None
+        self._http = httpx.Client(base_url=self.base_url or "http://service.invalid",
+                                  timeout=timeout, headers=headers, transport=transport)
+        self.timeout = timeout
         self.cache_file = Path(cache_file).expanduser() if cache_file else None
+        self.configs_file = Path(configs_file).expanduser() if configs_file else None
         self.retry_after_s = retry_after_s
+        self.report_misses = report_misses
+        self.client_name = client_name or socket.gethostname()
+        self._device = device
+        self._triton_version: str | None = None
         self._answers: dict[str, dict[str, Any]] = {}
         self._saved: dict[str, dict[str, Any]] | None = None  # cache_file, read when needed
+        self._file: Any = None  # configs_file, read when needed
         self._down_until = 0.0
         self._warned = False
+        self._lock = threading.Lock()
+
+    # -- identity ------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> str | None:
+        """The device key lookups are for (detected on first use unless given)."""
+        if self._device == AUTO:
+            self._device = local_device_key()
+        return self._device
+
+    @property
+    def triton_version(self) -> str | None:
+        if self._triton_version is None:
+            self._triton_version = local_triton_version() or ""
+        return self._triton_version or None
 
     # -- lookups (never raise for a known kernel) ---------------------------------------------
 
-    @staticmethod
-    def _key(kernel: str, shape: Mapping[str, int], dtype: str, device: str | None) -> str:
-        return f"{kernel}|{dtype}|{device or '*'}|{shape_key(shape)}"
+    def _key(self, kernel: str, shape: Mapping[str, int], dtype: str, device: str | None,
+             kernel_version: str | None = None) -> str:
+        version = f"@{kernel_version}" if kernel_version else ""
+        return f"{kernel}{version}|{dtype}|{device or '*'}|{shape_key(shape)}"
 
     def best_config(self, kernel: str, shape: Mapping[str, int], dtype: str,
-                    device: str | None = None) -> KernelConfig:
-        """The tuned config (exact, or the nearest tuned shape), else the kernel's default."""
-        key = self._key(kernel, shape, dtype, device)
-        if key not in self._answers:
-            self.prefetch(kernel, [shape], dtype, device)
-        config = _config_of(self.lookup(kernel, shape, dtype, device))
+                    device: str | None = None,
+                    kernel_version: str | None = None) -> KernelConfig:
+        """The tuned config (exact, or the service's labelled fallback), else the kernel's
+        default."""
+        device = device or self.device
+        key = self._key(kernel, shape, dtype, device, kernel_version)
+        in_file = self._file_entry(kernel, shape, dtype, device, kernel_version) is not None
+        if not in_file and key not in self._answers:
+            self.prefetch(kernel, [shape], dtype, device, kernel_version)
+        answer = self.lookup(kernel, shape, dtype, device, kernel_version)
+        config = _config_of(answer)
         return config if config is not None else default_config(kernel, shape, dtype)
 
+    def exact_config(self, kernel: str, shape: Mapping[str, int], dtype: str, *,
+                     kernel_version: str | None = None
+                     ) -> tuple[KernelConfig, str] | None:
+        """A config tuned for exactly this device, kernel source and Triton minor, and where
+        it came from (``"file"`` or ``"service"``); None when neither has one (what
+        ``tuner.autotune`` asks before falling back to Triton's own autotuning)."""
+        entry = self._file_entry(kernel, shape, dtype, self.device, kernel_version)
+        if entry is not None:
+            return entry["config"], "file"
+        key = self._key(kernel, shape, dtype, self.device, kernel_version)
+        if key not in self._answers:
+            self.prefetch(kernel, [shape], dtype, None, kernel_version)
+        answer = self._answers.get(key)
+        config = _config_of(answer)
+        if answer is not None and answer.get("match") == "exact" and config is not None:
+            return config, "service"
+        return None
+
     def lookup(self, kernel: str, shape: Mapping[str, int], dtype: str,
-               device: str | None = None) -> dict[str, Any] | None:
-        """The full answer (match, ms, ...) from the service or the cache file, if known;
-        never contacts the service."""
-        key = self._key(kernel, shape, dtype, device)
+               device: str | None = None,
+               kernel_version: str | None = None) -> dict[str, Any] | None:
+        """The full answer (match, ms, ...) from the configs file, this process's answers or
+        the cache file, if known; never contacts the service."""
+        device = device or self.device
+        entry = self._file_entry(kernel, shape, dtype, device, kernel_version)
+        if entry is not None:
+            return entry
+        key = self._key(kernel, shape, dtype, device, kernel_version)
         return self._answers.get(key) or self._saved_answers().get(key)
 
     def prefetch(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str,
-                 device: str | None = None) -> int:
+                 device: str | None = None, kernel_version: str | None = None) -> int:
         """Fetch many shapes in one request; returns how many the service answered (0 when it
-        could not be asked: then lookups use the cache file or defaults)."""
-        if time.monotonic() < self._down_until:
+        could not be asked: then lookups use the files or defaults)."""
+        if self.base_url is None or time.monotonic() < self._down_until:
             return 0
-        items = [{"kernel": kernel, "dtype": dtype, "shape": dict(s), "device": device}
+        device = device or self.device
+        version = kernel_version or local_kernel_version(kernel)
+        items = [{"kernel": kernel, "dtype": dtype, "shape": dict(s), "device": device,
+                  "kernel_version": version, "triton_version": self.triton_version}
                  for s in shapes]
         data = self._query(items)
         if data is None:
             return 0
         for shape, answer in zip(shapes, data, strict=True):
-            self._answers[self._key(kernel, shape, dtype, device)] = answer
+            self._answers[self._key(kernel, shape, dtype, device, kernel_version)] = answer
         self._save_cache()
         return len(data)
 
     def _query(self, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        body: dict[str, Any] = {"items": items}
+        if self.report_misses:
+            body.update(report_misses=True, client=self.client_name)
         try:
-            response = self._http.post("/api/v1/configs/query", json={"items": items})
-        except httpx.HTTPError as exc:
+            response = _with_deadline(
+                lambda: self._http.post("/api/v1/configs/query", json=body), self.timeout)
+        except (httpx.HTTPError, _DeadlineExceeded) as exc:
             self._down_until = time.monotonic() + self.retry_after_s
             self._warn(f"tuning service unreachable ({type(exc).__name__}: {exc})")
             return None
@@ -128,6 +241,37 @@ class TunerClient:
             source = "the cache file or defaults" if self.cache_file else "default configs"
             log.warning("%s; using %s (this warning is shown once)", why, source)
             self._warned = True
+
+    def _file_entry(self, kernel: str, shape: Mapping[str, int], dtype: str,
+                    device: str | None, kernel_version: str | None) -> dict[str, Any] | None:
+        """The exported file's exact entry as an answer, if the file has one."""
+        if self.configs_file is None or device is None:
+            return None
+        with self._lock:
+            if self._file is None:
+                self._file = self._load_configs_file()
+        if not self._file:
+            return None
+        entry = self._file.lookup(kernel, dtype, shape, device=device,
+                                  kernel_version=kernel_version or local_kernel_version(kernel),
+                                  triton_version=self.triton_version)
+        if entry is None:
+            return None
+        return {"match": "exact", "source": "file", "kernel": kernel, "dtype": dtype,
+                "shape": dict(shape), "device": entry.device, "config": entry.config,
+                "ms": entry.ms, "kernel_version": entry.kernel_version,
+                "triton_version": entry.triton_version}
+
+    def _load_configs_file(self) -> Any:
+        from tuner.configs_file import ConfigsFile
+        from tuner.errors import ConfigsFileError
+
+        assert self.configs_file is not None
+        try:
+            return ConfigsFile.load(self.configs_file)
+        except ConfigsFileError as exc:
+            log.warning("%s; not using it", exc)
+            return False
 
     def _saved_answers(self) -> dict[str, dict[str, Any]]:
         if self._saved is None:
@@ -161,6 +305,8 @@ class TunerClient:
     # -- jobs (raise TunerClientError) ---------------------------------------------------------
 
     def _request(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        if self.base_url is None:
+            raise TunerClientError("this client has no service URL (base_url=None)")
         try:
             response = self._http.request(method, url, **kwargs)
         except httpx.HTTPError as exc:

@@ -8,6 +8,7 @@ with every lookup; the service and the exported-file reader compare with ``same_
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -55,7 +56,7 @@ def local_triton_version() -> str | None:
     module = sys.modules.get("triton")
     if module is None:
         try:
-            import triton as module
+            module = importlib.import_module("triton")
         except ImportError:
             return None
     return str(getattr(module, "__version__", "")) or None

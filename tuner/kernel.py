@@ -1,8 +1,14 @@
-"""The TunableKernel protocol: what a kernel family module in ``search_spaces/`` provides."""
+"""The TunableKernel protocol: the one type the engine, the workers and the API use for a kernel.
+
+Built-in kernels live one per module in ``search_spaces/``; users describe theirs in a few lines
+with ``tuner.Kernel`` (``tuner/user_kernel.py``) or implement this protocol directly. Every
+registered kernel passes the conformance suite (``tests/test_kernel_conformance.py``).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,7 +16,7 @@ from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from tuner.config import KernelConfig
-from tuner.space import SearchSpace
+from tuner.space import ProblemContext, SearchSpace
 
 
 @dataclass(frozen=True)
@@ -29,16 +35,29 @@ class Tolerance:
     rtol: float
 
 
+#: tolerances for kernels that give none: outputs of order 1 rounded to the dtype (fp16 keeps
+#: ~5e-4 relative, bf16 ~4e-3; fp32 may go through TF32 tensor cores, 10-bit mantissa)
+DEFAULT_TOLERANCES = {"float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(3e-2, 2e-2),
+                      "float32": Tolerance(1e-3, 1e-3)}
+
+
 @runtime_checkable
 class TunableKernel(Protocol):
-    """One kernel family. Implementations live one per module in ``search_spaces/``.
+    """One kernel family.
 
-    ``make_inputs`` returns a dict of tensors: random data (never zeros) plus the output buffer
-    under ``"out"``. ``launch`` writes into ``inputs["out"]``; ``reference`` returns the expected
-    output computed another way (torch), compared at ``tolerance(dtype)``.
+    ``make_inputs`` returns a dict of random inputs (never zeros) plus the output buffer under
+    ``"out"`` (several outputs: their keys listed under ``"_outputs"``). ``launch`` writes the
+    outputs; ``reference`` returns the expected output (a tuple for several) computed another
+    way, compared at ``tolerance(dtype)``. ``compile`` builds the binary without launching (the
+    compile-ahead pool calls it in processes that never time anything). ``prior`` is an
+    estimated log run time, used only to rank configs before measuring them; None when the
+    kernel has no model. ``flops`` and ``bytes`` feed the roofline (0.0 when unknown).
+    ``ref`` is the ``module:attribute`` a measuring child process imports to get this object.
     """
 
     name: str
+    ref: str
+    description: str
     dims: tuple[Dim, ...]
     dtypes: tuple[str, ...]
     #: dtypes whose results the Triton CPU interpreter gets wrong (bf16 ``tl.dot``)
@@ -59,6 +78,8 @@ class TunableKernel(Protocol):
 
     def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None: ...
 
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None: ...
+
     def reference(self, inputs: dict[str, Any]) -> Any: ...
 
     def tolerance(self, dtype: str) -> Tolerance: ...
@@ -66,6 +87,20 @@ class TunableKernel(Protocol):
     def flops(self, shape: Mapping[str, int]) -> float: ...
 
     def bytes(self, shape: Mapping[str, int], dtype: str) -> float: ...
+
+    def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None: ...
+
+
+#: what a TunableKernel must have (attributes and methods), for plugin checks
+PROTOCOL_MEMBERS = ("name", "ref", "description", "dims", "dtypes",
+                    "interpreter_unsupported_dtypes", "version", "space", "default_config",
+                    "known_good_configs", "make_inputs", "launch", "compile", "reference",
+                    "tolerance", "flops", "bytes", "prior")
+
+
+def missing_members(obj: object) -> list[str]:
+    """The protocol members ``obj`` lacks (``ref`` may be missing: the registry sets it)."""
+    return [m for m in PROTOCOL_MEMBERS if m != "ref" and not hasattr(obj, m)]
 
 
 def source_version(module: ModuleType) -> str:
@@ -76,7 +111,5 @@ def source_version(module: ModuleType) -> str:
 
 def load_ref(ref: str) -> Any:
     """Import ``"package.module:ATTR"``: how child processes find the kernel they measure."""
-    import importlib
-
     module_name, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module_name), attr or "KERNEL")

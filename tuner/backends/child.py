@@ -68,31 +68,53 @@ class ChildState:
             torch.cuda.synchronize()
 
 
-def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> str | None:
-    """Poison the output, run once, compare with the reference. None when right, else why."""
-    import torch
+def _output_names(inputs: dict[str, Any]) -> tuple[str, ...]:
+    """The inputs the kernel writes: ``"out"``, or the names listed under ``"_outputs"``."""
+    return tuple(inputs.get("_outputs") or ("out",))
 
-    out = inputs["out"]
-    out.fill_(float("nan"))
+
+def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> str | None:
+    """Poison the outputs, run once, compare with the reference. None when right, else why."""
+    names = _output_names(inputs)
+    for name in names:
+        inputs[name].fill_(float("nan"))
     state.kernel.launch(config, inputs)
     state.sync()
-    ref = state.kernel.reference(inputs).float()
-    got = out.float()
+    refs = state.kernel.reference(inputs)
+    refs = refs if isinstance(refs, tuple | list) else (refs,)
+    if len(refs) != len(names):
+        return f"the reference gave {len(refs)} output(s); the kernel writes {len(names)}"
+    worst = 0.0
+    for name, ref in zip(names, refs, strict=True):
+        label = "" if len(names) == 1 else f"output {name}: "
+        wrong = _compare(state, inputs[name].float(), ref.float(), label)
+        if isinstance(wrong, str):
+            return wrong
+        worst = max(worst, wrong)
+    inputs["_max_error"] = worst
+    return None
+
+
+def _compare(state: ChildState, got: Any, ref: Any, label: str) -> str | float:
+    """Why ``got`` is not ``ref`` within the kernel's tolerance, else the largest error."""
+    import torch
+
+    if got.shape != ref.shape:
+        return f"{label}output shape {tuple(got.shape)} but the reference is {tuple(ref.shape)}"
     bad_finite = (~torch.isfinite(got)) & torch.isfinite(ref)
     if bool(bad_finite.any()):
         count = int(bad_finite.sum())
-        return f"{count} output element(s) are NaN/Inf where the reference is finite"
+        return f"{label}{count} output element(s) are NaN/Inf where the reference is finite"
     tol = state.kernel.tolerance(state.dtype)
     err = (got - ref).abs()
     allowed = tol.atol + tol.rtol * ref.abs()
     over = err > allowed
     if bool(over.any()):
         idx = int(torch.argmax((err - allowed).flatten()))
-        return (f"{int(over.sum())} element(s) off the reference; worst at flat index {idx}: "
-                f"got {got.flatten()[idx].item():.6g}, expected {ref.flatten()[idx].item():.6g} "
-                f"(atol={tol.atol}, rtol={tol.rtol})")
-    inputs["_max_error"] = float(err.max()) if err.numel() else 0.0
-    return None
+        return (f"{label}{int(over.sum())} element(s) off the reference; worst at flat index "
+                f"{idx}: got {got.flatten()[idx].item():.6g}, expected "
+                f"{ref.flatten()[idx].item():.6g} (atol={tol.atol}, rtol={tol.rtol})")
+    return float(err.max()) if err.numel() else 0.0
 
 
 def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],

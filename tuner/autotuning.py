@@ -1,0 +1,228 @@
+"""``tuner.autotune``: a drop-in for ``@triton.autotune`` that launches with tuned configs.
+
+    @tuner.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4), ...],
+                    key=["M", "N"], name="rmsnorm")
+    @triton.jit
+    def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, M, N, eps, BLOCK: tl.constexpr): ...
+
+It takes what ``triton.autotune`` takes plus the kernel's name (the name it is registered and
+tuned under in the service). On the first launch for a key (the key arguments are the problem's
+shape; the first tensor's dtype its dtype) it uses, in order:
+
+1. an exported configs file (``TUNER_CONFIGS_FILE``/``configure(configs_file=...)``),
+2. the service (``TUNER_URL``): one bulk request, prefetchable at start-up with ``prefetch``,
+   under ONE deadline for the whole lookup; a shape it cannot answer exactly is reported as a
+   miss, which the service queues for tuning so that the next start-up finds it tuned,
+3. otherwise Triton's own autotuning over the given configs, exactly as ``triton.autotune``
+   would: never worse than today.
+
+Only an exact answer (this GPU model, this kernel source, this Triton minor) is used; a launch
+never fails because the service is slow or down. ``sources`` says where each key's config came
+from (``file``, ``service``, ``triton``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.client import TunerClient
+from tuner.config import KernelConfig
+from tuner.settings import ClientSettings
+from tuner.shapes import shape_key
+from tuner.user_kernel import arg_names, config_from_triton, jit_function, source_hash
+
+log = logging.getLogger(__name__)
+
+#: a config the tuner forces while it measures a decorated kernel (never set by users)
+_forced: contextvars.ContextVar[KernelConfig | None] = contextvars.ContextVar(
+    "tuner_forced_config", default=None)
+
+Problem = tuple[str, tuple[tuple[str, int], ...]]  # (dtype, sorted shape items)
+
+
+@dataclass
+class _Options:
+    url: str | None = None
+    api_key: str | None = None
+    configs_file: str | None = None
+    deadline_s: float = 2.0
+    report_misses: bool = True
+
+
+_options: _Options | None = None
+_client: TunerClient | None = None
+_state_lock = threading.Lock()
+
+
+def _from_env() -> _Options:
+    env = ClientSettings()
+    return _Options(url=env.url or None, api_key=env.api_key or None,
+                    configs_file=env.configs_file or None, deadline_s=env.lookup_deadline_s,
+                    report_misses=env.report_misses)
+
+
+def configure(*, url: str | None = None, api_key: str | None = None,
+              configs_file: str | None = None, deadline_s: float | None = None,
+              report_misses: bool | None = None, client: TunerClient | None = None) -> None:
+    """Where decorated kernels look configs up (overrides the ``TUNER_*`` environment).
+    ``client``: a ready TunerClient (tests pass one with an in-process transport)."""
+    global _options, _client
+    with _state_lock:
+        options = _options or _from_env()
+        if url is not None:
+            options.url = url or None
+        if api_key is not None:
+            options.api_key = api_key
+        if configs_file is not None:
+            options.configs_file = configs_file or None
+        if deadline_s is not None:
+            options.deadline_s = deadline_s
+        if report_misses is not None:
+            options.report_misses = report_misses
+        _options, _client = options, client
+
+
+def shared_client() -> TunerClient:
+    """The one client every decorated kernel of this process shares."""
+    global _options, _client
+    with _state_lock:
+        if _client is None:
+            options = _options = _options or _from_env()
+            _client = TunerClient(options.url, api_key=options.api_key,
+                                  timeout=options.deadline_s,
+                                  configs_file=options.configs_file,
+                                  report_misses=options.report_misses)
+        return _client
+
+
+@contextlib.contextmanager
+def forced_config(config: KernelConfig) -> Iterator[None]:
+    """Launch decorated kernels with ``config`` inside this block (how benchmarks and the
+    tuner time one config of a decorated kernel)."""
+    token = _forced.set(config)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def _dtype_name(value: Any) -> str | None:
+    dtype = getattr(value, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
+class Autotuned:
+    """A Triton kernel launched with configs from a file, the service, or Triton's autotuning.
+
+    ``kernel[grid](*args, **kwargs)`` as with any Triton kernel.
+    """
+
+    def __init__(self, fn: Any, configs: Sequence[Any], key: Sequence[str], name: str,
+                 triton_options: dict[str, Any]) -> None:
+        self.fn = fn
+        self.name = name
+        self.configs = list(configs)
+        self.key = list(key)
+        self.arg_names = arg_names(fn)
+        unknown = [k for k in self.key if k not in self.arg_names]
+        if unknown:
+            raise ValueError(f"tuner.autotune({name!r}): key {unknown} are not arguments of "
+                             f"the kernel ({', '.join(self.arg_names)})")
+        self.version = source_hash(fn, name)
+        self._triton_options = triton_options
+        self._triton: Any = None
+        self._chosen: dict[Problem, KernelConfig | None] = {}
+        #: where each problem's config came from: "file", "service" or "triton"
+        self.sources: dict[Problem, str] = {}
+        self._lock = threading.Lock()
+
+    # -- what a launch is ------------------------------------------------------------------------
+
+    def problem(self, named: Mapping[str, Any]) -> Problem | None:
+        """(dtype, shape) of a launch; None when a key argument is not an integer (such
+        launches are Triton's to autotune)."""
+        shape = {}
+        for k in self.key:
+            value = named.get(k)
+            if isinstance(value, bool) or not isinstance(value, int):
+                return None
+            shape[k] = value
+        dtype = next((d for v in named.values() if (d := _dtype_name(v))), None)
+        return (dtype or "none", tuple(sorted(shape.items())))
+
+    # -- choosing ---------------------------------------------------------------------------
+
+    def prefetch(self, shapes: Sequence[Mapping[str, int]], dtype: str) -> int:
+        """Ask the service for many shapes in one request (at model start-up); returns how
+        many it answered. Later launches of these shapes need no request."""
+        return shared_client().prefetch(self.name, shapes, dtype, kernel_version=self.version)
+
+    def config_for(self, problem: Problem) -> KernelConfig | None:
+        """The tuned config for ``problem`` from the file or the service (None: Triton's own
+        autotuning decides). Looked up once per problem."""
+        with self._lock:
+            if problem in self._chosen:
+                return self._chosen[problem]
+        dtype, items = problem
+        found = shared_client().exact_config(self.name, dict(items), dtype,
+                                             kernel_version=self.version)
+        config, source = found if found else (None, "triton")
+        with self._lock:
+            self._chosen[problem] = config
+            self.sources[problem] = source
+        if config is not None:
+            log.info("%s %s %s: tuned config from the %s: %s", self.name, dtype,
+                     shape_key(dict(items)), source, config.key())
+        return config
+
+    def _triton_autotuner(self) -> Any:
+        if self._triton is None:
+            import triton
+
+            self._triton = triton.autotune(configs=self.configs, key=self.key,
+                                           **self._triton_options)(self.fn)
+        return self._triton
+
+    # -- launching -------------------------------------------------------------------------
+
+    def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
+        config = _forced.get()
+        if config is None:
+            named = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+            problem = self.problem(named)
+            config = self.config_for(problem) if problem is not None else None
+        if config is None:
+            return self._triton_autotuner().run(*args, grid=grid, warmup=warmup, **kwargs)
+        return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **config.meta,
+                           num_warps=config.num_warps, num_stages=config.num_stages)
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    def warmup(self, *args: Any, grid: Any, **kwargs: Any) -> Any:
+        return self.run(*args, grid=grid, warmup=True, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"tuner.autotune({self.name!r}, version={self.version})"
+
+
+def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str,
+             **triton_options: Any) -> Any:
+    """``@triton.autotune`` plus the kernel's name: see the module docstring. Every other
+    keyword (``prune_configs_by``, ``reset_to_zero``, ``restore_value``, ``do_bench``, ...) is
+    passed to Triton's autotuner, which decides when neither the file nor the service has an
+    exact config."""
+
+    def decorator(fn: Any) -> Autotuned:
+        jit_function(fn)  # fail now, not at the first launch, if this is not a Triton kernel
+        for config in configs:
+            config_from_triton(config)
+        return Autotuned(fn, configs, key, name, triton_options)
+
+    return decorator

@@ -49,7 +49,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# -- what the tuner needs: how to make arguments for a shape ---------------------------------------
+# -- what the tuner needs: how to make arguments for a shape -----------------------------------
 
 def make_inputs(shape, dtype, device, seed):
     gen = torch.Generator(device=device).manual_seed(seed)

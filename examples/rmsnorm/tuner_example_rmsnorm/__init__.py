@@ -56,7 +56,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor
     return y
 
 
-# -- what the tuner needs: how to make arguments for a shape, and a reference ---------------------
+# -- what the tuner needs: how to make arguments for a shape, and a reference -------------------
 
 def make_inputs(shape, dtype, device, seed):
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -1,10 +1,19 @@
-"""Record exhaustive replay-v1 tables on the GPU: every feasible config of the matmul space.
+"""Record exhaustive replay-v1 tables: every config of a kernel's WHOLE space, one table per shape.
 
-    python3 -m bench.record_tables --out-dir tests/data/replay [--shapes 0,1,2|all|MxNxK:dtype]
-        [--limit-seconds 150]
+    python3 -m bench.record_tables --kernel softmax --out-dir DIR \\
+        --shapes "M=4096,N=8192:float16;M=16,N=131072:float16" [--backend cuda|interpret]
+        [--limit-seconds 150] [--total-seconds T]
+    python3 -m bench.record_tables --out-dir tests/data/replay [--shapes all|0,2|MxNxK:dtype]
 
-Every config goes through the product's own pipeline (compile pool, GPU child, verification
-against torch, do_bench with the L2 flushed); wrong results and failures are recorded as errors.
+The kernel is loaded by name (``search_spaces.get_kernel``: built-ins and plugins); the default is
+matmul with its ``SHAPES``. Every config of ``kernel.space()`` is measured, including the ones the
+kernel's constraints would prune (each entry then carries the constraint's reason under
+``"constraint"``), so that a table is evidence about the whole space, the constraints included.
+Each goes through the product's own pipeline (ProcessBackend: the compile pool, the measuring
+child, verification against the kernel's reference, do_bench with the L2 flushed); failures and
+wrong results are recorded as errors. Configs are measured in a seeded random order, so that a
+table cut short by the wall-clock limit is an unbiased sample; the table says so (``timing``
+and ``coverage``). ``reference_ms`` holds the kernel's ``torch_baseline`` time where it has one.
 """
 
 from __future__ import annotations
@@ -12,8 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 SHAPES = [
     ({"M": 16, "N": 4096, "K": 4096}, "float16"),
@@ -24,133 +38,314 @@ SHAPES = [
     ({"M": 1000, "N": 3000, "K": 500}, "float16"),
     ({"M": 777, "N": 1234, "K": 4321}, "float16"),
 ]
+#: what the baseline is called in reference_ms (default: "torch (<kernel>.torch_baseline)")
+BASELINE_LABELS = {"matmul": "torch.matmul (cuBLAS)", "softmax": "torch.softmax"}
+#: how each config is timed on the GPU (the tables in tests/data/replay used the same)
+TIMING = dict(warmup_ms=5, rep_ms=20, compile_timeout_s=30, run_timeout_s=20)
+#: with --total-seconds, a table is not started with less than this left for it
+MIN_TABLE_S = 10.0
+#: seconds between progress lines
+PROGRESS_EVERY_S = 5.0
+
+Shape = dict[str, int]
+Log = Callable[[str], None]
 
 
-def torch_ms(shape: dict[str, int], dtype: str) -> float:
-    import torch
-    import triton.testing
-
-    dt = getattr(torch, dtype)
-    a = torch.randn(shape["M"], shape["K"], device="cuda", dtype=dt)
-    b = torch.randn(shape["K"], shape["N"], device="cuda", dtype=dt)
-    q = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=100, quantiles=[0.2, 0.5, 0.8])
-    return float(q[1])
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
-def table_of(shape: dict[str, int], dtype: str, measurements: list, fp: object,
-             timing: str) -> dict:
-    results = []
-    for m in measurements:
-        entry: dict = {"config": m.config.to_dict()}
-        if m.ok:
-            entry["ms"] = round(m.p50_ms, 6)
-        else:
-            # the replay backend reads "OutOfResources" in an error as out_of_resources
-            kind = ("OutOfResources" if m.outcome.value == "out_of_resources"
-                    else m.outcome.value)
-            entry["error"] = f"{kind}: {(m.error or '')[:300]}"
-        results.append(entry)
-    return {"format": "replay-v1", "kernel": "matmul",
-            "kernel_note": "search_spaces/matmul.py: C = A @ B, fp32 accumulate, masked edges, "
-                           "grouped tile order; every feasible config of its space",
-            "device": getattr(fp, "name", "?"),
-            "triton_version": getattr(fp, "triton_version", "?"),
-            "torch_version": getattr(fp, "torch_version", "?"), "shape": shape, "dtype": dtype,
-            "timing": timing, "reference_ms": {},
-            "params": list(results[0]["config"]) if results else [],
-            "results": results}
+# -- shapes and names ---------------------------------------------------------------------------
+
+def parse_shape(item: str, dims: Sequence[str]) -> tuple[Shape, str]:
+    """``M=4096,N=8192:float16`` or ``4096x8192:float16`` (values in the order of ``dims``)."""
+    text, sep, dtype = item.strip().rpartition(":")
+    if not sep or not text or not dtype:
+        raise ValueError(f"{item!r}: expected DIMS:dtype, e.g. M=4096,N=8192:float16")
+    if "=" in text:
+        pairs = [p.split("=", 1) for p in text.split(",")]
+        shape = {k.strip(): int(v) for k, v in pairs}
+    else:
+        values = [int(v) for v in text.split("x")]
+        if len(values) != len(dims):
+            raise ValueError(f"{item!r}: {len(values)} values for the dims {', '.join(dims)}")
+        shape = dict(zip(dims, values, strict=True))
+    if set(shape) != set(dims):
+        raise ValueError(f"{item!r}: the kernel's dims are {', '.join(dims)}")
+    return {d: shape[d] for d in dims}, dtype.strip()
 
 
-def table_name(shape: dict[str, int], dtype: str) -> str:
-    return f"matmul_{shape['M']}x{shape['N']}x{shape['K']}_{dtype}_h200.json"
-
-
-def select_shapes(spec: str) -> list[tuple[dict[str, int], str]]:
-    """``0,2`` (indices into SHAPES), ``all``, or explicit ``MxNxK:dtype`` entries."""
+def select_shapes(spec: str, dims: Sequence[str] = ("M", "N", "K"),
+                  presets: Sequence[tuple[Shape, str]] = tuple(SHAPES)
+                  ) -> list[tuple[Shape, str]]:
+    """``all`` (the presets), entries separated by ``;`` (``M=..,N=..:dtype`` or
+    ``AxB:dtype``), or the older comma-separated ``0,2,MxNxK:dtype`` (indices into presets)."""
     if spec == "all":
-        return list(SHAPES)
-    out = []
-    for item in spec.split(","):
-        if item.isdigit():
-            out.append(SHAPES[int(item)])
+        return list(presets)
+    out: list[tuple[Shape, str]] = []
+    for entry in (e.strip() for e in spec.split(";")):
+        if not entry:
             continue
-        dims, dtype = item.split(":")
-        m, n, k = (int(x) for x in dims.split("x"))
-        out.append(({"M": m, "N": n, "K": k}, dtype))
+        for item in [entry] if "=" in entry else entry.split(","):
+            out.append(presets[int(item)] if item.strip().isdigit()
+                       else parse_shape(item, dims))
     return out
 
 
-def record_shape(kernel: object, shape: dict[str, int], dtype: str, timing: object,
-                 limit_s: float, batch: int = 64) -> tuple[dict, str]:
-    """Measure every feasible config of ``shape`` (in a seeded random order, so that a table cut
-    short by ``limit_s`` is an unbiased sample) and return the table and a summary line."""
-    import random
+def device_tag(fp: Any) -> str:
+    """A short name of the device for file names: ``h200``, ``interpret``."""
+    if getattr(fp, "kind", "") == "interpret":
+        return "interpret"
+    name = str(getattr(fp, "name", "") or "gpu")
+    model = re.search(r"\b([A-Z]\d{2,4}[A-Za-z]?)\b", name)
+    return model.group(1).lower() if model else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
+
+def table_name(shape: Shape, dtype: str, kernel: str = "matmul", tag: str = "h200") -> str:
+    return f"{kernel}_{'x'.join(str(v) for v in shape.values())}_{dtype}_{tag}.json"
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+def entry_of(m: Any, constraint: str | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"config": m.config.to_dict()}
+    if m.ok:
+        entry["ms"] = round(m.p50_ms, 6)
+    else:
+        # the replay backend reads "OutOfResources" in an error as out_of_resources
+        kind = "OutOfResources" if m.outcome.value == "out_of_resources" else m.outcome.value
+        entry["error"] = f"{kind}: {(m.error or '')[:300]}"
+    if constraint:
+        entry["constraint"] = constraint
+    return entry
+
+
+def table_of(shape: Shape, dtype: str, measurements: list, fp: object, timing: str, *,
+             kernel: str = "matmul", kernel_note: str | None = None,
+             constraints: dict | None = None, params: Sequence[str] | None = None,
+             coverage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A replay-v1 table (shared/replay/README.md) of ``measurements``; ``constraints`` maps a
+    config to the reason the kernel's constraints would prune it."""
+    results = [entry_of(m, (constraints or {}).get(m.config)) for m in measurements]
+    table: dict[str, Any] = {
+        "format": "replay-v1", "kernel": kernel,
+        "kernel_note": kernel_note or ("search_spaces/matmul.py: C = A @ B, fp32 accumulate, "
+                                       "masked edges, grouped tile order"),
+        "device": getattr(fp, "name", "?"),
+        "triton_version": getattr(fp, "triton_version", "?"),
+        "torch_version": getattr(fp, "torch_version", "?"), "shape": shape, "dtype": dtype,
+        "timing": timing, "reference_ms": {},
+        "params": list(params) if params else (list(results[0]["config"]) if results else []),
+        "results": results}
+    if coverage is not None:
+        table["coverage"] = coverage
+    return table
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+def baseline_ms(kernel: Any, shape: Shape, dtype: str, backend: str) -> float | None:
+    """The kernel's torch baseline on this problem (do_bench on the GPU; on the interpreter
+    the median CPU wall time of 5 calls, which says nothing about a GPU); None without one."""
+    fn = getattr(kernel, "torch_baseline", None)
+    if fn is None:
+        return None
+    device = "cuda" if backend == "cuda" else "cpu"
+    try:
+        return _time_baseline(fn, kernel.make_inputs(shape, dtype, device, 0), device)
+    finally:
+        if device == "cuda":  # the next table's child needs the memory more than we do
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _time_baseline(fn: Callable[[Any], None], inputs: Any, device: str) -> float:
+    if device == "cuda":
+        import triton.testing
+
+        q = triton.testing.do_bench(lambda: fn(inputs), warmup=25, rep=100,
+                                    quantiles=[0.2, 0.5, 0.8])
+        return float(q[1])
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn(inputs)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return sorted(samples)[2]
+
+
+def timing_note(backend: str, done: int, total: int, wall: float, limit_s: float) -> str:
+    if backend == "cuda":
+        how = ("pipeline: triton.testing.do_bench(warmup=5 ms, rep=20 ms; a config over 2x the "
+               "best so far keeps a 5 ms quick timing), median ms, randn inputs, L2 flushed; "
+               "output verified against the kernel's reference first")
+    else:
+        how = ("Triton CPU interpreter through the pipeline, median wall time of 3 runs (not a "
+               "GPU timing); output verified against the kernel's reference first")
+    cut = (f"; CUT at the {limit_s:.0f} s limit: a seeded random sample of the space"
+           if done < total else "")
+    return f"{how}; {done} of {total} configs of the whole space in {wall:.0f} s{cut}"
+
+
+def _progress(label: str, measured: list, total: int, t0: float) -> str:
+    ok = [m.p50_ms for m in measured if m.ok and m.p50_ms]
+    best = f"best {min(ok):.4f} ms" if ok else "none ok yet"
+    return (f"[{label}] {len(measured)}/{total} configs ({len(ok)} ok), {best}, "
+            f"{time.monotonic() - t0:.0f} s")
+
+
+def measure_space(backend: Any, configs: list, limit_s: float, t0: float, label: str,
+                  batch: int, log: Log = _print) -> list:
+    """Measure ``configs`` in batches until done or ``limit_s`` after ``t0`` (the first batch
+    always: a slow start still leaves a table)."""
+    from tuner.errors import WorkerDied
+
+    measured: list = []
+    shown = t0
+    for i in range(0, len(configs), batch):
+        if i and time.monotonic() - t0 > limit_s:
+            log(f"[{label}] wall-clock limit of {limit_s:.0f} s reached")
+            break
+        try:
+            measured += backend.measure(configs[i:i + batch])
+        except WorkerDied as exc:
+            log(f"[{label}] the device is unusable, stopping: {exc}")
+            break
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not lose the table
+            log(f"[{label}] batch {i // batch} failed: {type(exc).__name__}: {exc}")
+        if time.monotonic() - shown >= PROGRESS_EVERY_S or i + batch >= len(configs):
+            shown = time.monotonic()
+            log(_progress(label, measured, len(configs), t0))
+    return measured
+
+
+def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: float,
+                 batch: int | None = None, backend_kind: str = "cuda",
+                 log: Log = _print) -> tuple[dict[str, Any], str, str]:
+    """Measure every config of the kernel's whole space on ``shape`` (seeded random order) and
+    return the table, its file name and a summary line."""
     from tuner.backends.process import ProcessBackend
     from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext
 
     t0 = time.monotonic()
-    backend = ProcessBackend("cuda", kernel.ref, shape, dtype, timing=timing)  # type: ignore
-    measured: list = []
+    name = getattr(kernel, "name", "matmul")
+    label = f"{name} {'x'.join(str(v) for v in shape.values())} {dtype}"
+    backend = ProcessBackend(backend_kind, kernel.ref, shape, dtype, timing=timing)
     try:
         fp = backend.fingerprint
         ctx = ProblemContext(shape, dtype, fp.smem_per_block or DEFAULT_SMEM_LIMIT,
                              fp.sm_count or ProblemContext.sm_count)
-        configs = kernel.space().feasible(ctx)  # type: ignore[attr-defined]
+        space = kernel.space()
+        configs = list(space)  # the whole space: what the constraints would prune included
         random.Random(0).shuffle(configs)
-        for i in range(0, len(configs), batch):
-            if time.monotonic() - t0 > limit_s:
-                break
-            try:
-                measured += backend.measure(configs[i:i + batch])
-            except Exception as exc:  # noqa: BLE001 - one bad batch must not lose the table
-                print(f"batch {i // batch} failed: {type(exc).__name__}: {exc}", flush=True)
+        pruned = {c: r for c in configs if (r := space.violation(c, ctx))}
+        log(f"[{label}] {len(configs)} configs ({len(pruned)} that the constraints would "
+            f"prune) on {fp.name}, limit {limit_s:.0f} s")
+        size = batch or max(8, 4 * int(getattr(backend, "preferred_batch", 1)))
+        measured = measure_space(backend, configs, limit_s, t0, label, size, log)
     finally:
         backend.close()
     wall = time.monotonic() - t0
-    cut = f", cut at the {limit_s:.0f} s limit" if len(measured) < len(configs) else ""
-    note = (f"pipeline: triton.testing.do_bench(warmup=5 ms, rep=20 ms), median ms, randn "
-            f"inputs, L2 flushed; output verified first; {len(measured)} of {len(configs)} "
-            f"feasible configs in {wall:.0f} s{cut}")
-    table = table_of(shape, dtype, measured, fp, note)
+    coverage = {"space": len(configs), "measured": len(measured),
+                "complete": len(measured) == len(configs), "limit_s": round(limit_s, 1),
+                "wall_s": round(wall, 1), "constraint_pruned": len(pruned)}
+    note = (f"{getattr(kernel, 'description', name)}; every config of its space, including "
+            "those its constraints prune (their reason under \"constraint\")")
+    table = table_of(shape, dtype, measured, fp, timing_note(backend_kind, len(measured),
+                     len(configs), wall, limit_s), kernel=name, kernel_note=note,
+                     constraints=pruned, params=sorted(space.names), coverage=coverage)
     try:
-        table["reference_ms"] = {"torch.matmul (cuBLAS)": round(torch_ms(shape, dtype), 6)}
-    except Exception as exc:  # noqa: BLE001
-        print(f"torch reference failed: {exc}", flush=True)
+        ms = baseline_ms(kernel, shape, dtype, backend_kind)
+        if ms is not None:
+            label_ = BASELINE_LABELS.get(name, f"torch ({name}.torch_baseline)")
+            table["reference_ms"] = {label_ + ("" if backend_kind == "cuda" else " on cpu"):
+                                     round(ms, 6)}
+    except Exception as exc:  # noqa: BLE001 - the table is worth keeping without it
+        log(f"[{label}] torch baseline failed: {type(exc).__name__}: {exc}")
     ok = sorted(r["ms"] for r in table["results"] if "ms" in r)
-    summary = (f"{table_name(shape, dtype)}: {len(measured)}/{len(configs)} configs in "
-               f"{wall:.1f} s; best {ok[0] if ok else float('nan'):.4f} ms, torch "
-               f"{table['reference_ms']}")
-    return table, summary
+    file_name = table_name(shape, dtype, name, device_tag(fp))
+    summary = (f"{file_name}: {len(measured)}/"
+               f"{len(configs)} configs{'' if coverage['complete'] else ' (CUT by the limit)'} "
+               f"in {wall:.1f} s; {len(ok)} ok, best "
+               f"{ok[0] if ok else float('nan'):.4f} ms, torch {table['reference_ms']}")
+    return table, file_name, summary
 
 
-def main() -> None:
+# -- the command --------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--kernel", default="matmul", help="a registered kernel name")
+    ap.add_argument("--out-dir", default="tests/data/replay")
+    ap.add_argument("--shapes", default=None,
+                    help='"M=4096,N=8192:float16;M=16,N=131072:float16" (or 4096x8192:float16);'
+                         " matmul also: all (default), indices into SHAPES, MxNxK:dtype")
+    ap.add_argument("--backend", choices=("cuda", "interpret"), default="cuda")
+    ap.add_argument("--limit-seconds", type=float, default=150.0,
+                    help="per table: stop measuring new batches after this long")
+    ap.add_argument("--total-seconds", type=float, default=None,
+                    help="for the whole run: each table gets at most its share of what is left")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="configs per measure call (default 4x the compile pool, >= 8)")
+    return ap.parse_args(argv)
+
+
+def table_limit(limit_s: float, deadline: float | None, tables_left: int) -> float:
+    """This table's limit: ``limit_s``, or less to leave the tables after it their share."""
+    if deadline is None:
+        return limit_s
+    return max(0.0, min(limit_s, (deadline - time.monotonic()) / max(1, tables_left)))
+
+
+def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
     from search_spaces import get_kernel
     from tuner.backends import TimingOptions
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out-dir", default="tests/data/replay")
-    ap.add_argument("--shapes", default="all",
-                    help="all, indices into SHAPES (0,2) or MxNxK:dtype entries")
-    ap.add_argument("--limit-seconds", type=float, default=150.0,
-                    help="per shape: stop measuring new batches after this long")
-    args = ap.parse_args()
-    kernel = get_kernel("matmul")
-    timing = TimingOptions(warmup_ms=5, rep_ms=20, compile_timeout_s=30, run_timeout_s=20)
+    args = parse_args(argv)
+    kernel = get_kernel(args.kernel)
+    dims = [d.name for d in kernel.dims]
+    spec = args.shapes or ("all" if args.kernel == "matmul" else "")
+    try:
+        shapes = select_shapes(spec, dims, SHAPES if args.kernel == "matmul" else ())
+        bad = [dt for _, dt in shapes if dt not in kernel.dtypes]
+        if bad or not shapes:
+            raise ValueError(f"dtypes must be among {', '.join(kernel.dtypes)}" if bad
+                             else "give --shapes")
+    except (ValueError, IndexError) as exc:
+        log(f"record_tables: bad --shapes: {exc}")
+        return 2
+    timing = TimingOptions(**TIMING)  # type: ignore[arg-type]
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for shape, dtype in select_shapes(args.shapes):
-        try:
-            table, summary = record_shape(kernel, shape, dtype, timing, args.limit_seconds)
-        except Exception as exc:  # noqa: BLE001 - the next shape may still work
-            print(f"{shape} {dtype}: failed: {type(exc).__name__}: {exc}", flush=True)
+    deadline = None if args.total_seconds is None else time.monotonic() + args.total_seconds
+    written = 0
+    for i, (shape, dtype) in enumerate(shapes):
+        limit = table_limit(args.limit_seconds, deadline, len(shapes) - i)
+        if deadline is not None and limit < MIN_TABLE_S:
+            log(f"{args.kernel} {shape} {dtype}: skipped, no time left of --total-seconds")
             continue
-        if table["results"]:
-            (out / table_name(shape, dtype)).write_text(json.dumps(table, indent=0))
-        print(summary, flush=True)
-    print(f"done at {time.strftime('%H:%M:%S')}")
+        try:
+            table, file_name, summary = record_shape(kernel, shape, dtype, timing, limit,
+                                          args.batch, args.backend, log)
+        except Exception as exc:  # noqa: BLE001 - the next shape may still work
+            log(f"{args.kernel} {shape} {dtype}: failed: {type(exc).__name__}: {exc}")
+            continue
+        if any("ms" in r for r in table["results"]):
+            path = out / file_name
+            path.write_text(json.dumps(table, indent=0))
+            written += 1
+            log(f"wrote {path}")
+        else:
+            errors = [r["error"] for r in table["results"]][:3]
+            log(f"{args.kernel} {shape} {dtype}: no config ran; no table written: {errors}")
+        log(summary)
+    log(f"done at {time.strftime('%H:%M:%S')}: {written} of {len(shapes)} tables written")
+    return 0 if written else 1
 
 
 if __name__ == "__main__":
+    # the parent launches no Triton kernel; a cuda child must not inherit the interpreter (an
+    # interpret child sets it for itself)
     os.environ.pop("TRITON_INTERPRET", None)
-    main()
+    sys.exit(main())

@@ -195,12 +195,15 @@ def _config_row(r: Any) -> dict[str, Any]:
 
 
 def kernels(args: argparse.Namespace) -> int:
-    from search_spaces import get_kernel, kernel_names
+    from search_spaces import get_kernel, is_builtin, kernel_names, plugin_errors
 
     for name in kernel_names():
         k = get_kernel(name)
         dims = ", ".join(f"{d.name} in [{d.lo}, {d.hi}]" for d in k.dims)
-        print(f"{name}: {dims}; dtypes {', '.join(k.dtypes)}")
+        origin = "" if is_builtin(name) else f" [plugin {k.ref}]"
+        print(f"{name}: {dims}; dtypes {', '.join(k.dtypes)}{origin}")
+    for e in plugin_errors():
+        print(f"not loaded: {e.ref} ({e.source}): {e.error}", file=sys.stderr)
     return 0
 
 

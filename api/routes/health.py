@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from db import repo
+from search_spaces import kernel_names, plugin_errors
 from tuner.settings import Settings
 
 router = APIRouter(tags=["health"])
@@ -36,13 +37,15 @@ def worker_health(session: Session, settings: Settings) -> dict[str, Any]:
 
 @router.get("/healthz")
 def healthz(request: Request) -> dict[str, Any]:
-    """Always 200 while the process answers; ``workers`` is null when the database is not."""
+    """Always 200 while the process answers; ``workers`` is null when the database is not;
+    ``plugins`` lists the registered kernels and the kernel plugins that failed to load."""
     try:
         with request.app.state.session_factory() as session:
             workers: dict[str, Any] | None = worker_health(session, request.app.state.settings)
     except Exception:  # noqa: BLE001 - liveness must not depend on the database
         workers = None
-    return {"status": "ok", "workers": workers}
+    plugins = {"kernels": kernel_names(), "errors": [e.to_dict() for e in plugin_errors()]}
+    return {"status": "ok", "workers": workers, "plugins": plugins}
 
 
 @router.get("/readyz")

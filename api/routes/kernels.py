@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import ReadAccess
-from api.schemas import DimPublic, KernelPublic, KernelsPublic
-from search_spaces import get_kernel, kernel_names
+from api.schemas import DimPublic, KernelPublic, KernelsPublic, PluginErrorPublic
+from search_spaces import get_kernel, is_builtin, kernel_names, plugin_errors
 
 router = APIRouter(prefix="/kernels", tags=["kernels"])
 
@@ -15,12 +15,15 @@ def kernel_public(name: str) -> KernelPublic:
     k = get_kernel(name)
     space = k.space()
     return KernelPublic(
-        name=k.name, version=k.version, description=getattr(k, "description", ""),
+        name=k.name, version=k.version, description=k.description,
+        source="builtin" if is_builtin(name) else "plugin", ref=k.ref,
         dims=[DimPublic(name=d.name, min=d.lo, max=d.hi, doc=d.doc) for d in k.dims],
         dtypes=list(k.dtypes), space=space.describe(), space_size=space.size())
 
 
 @router.get("", response_model=KernelsPublic, dependencies=[ReadAccess])
 def list_kernels() -> KernelsPublic:
+    """Every registered kernel (built-in and plugin), and the plugins that failed to load."""
     data = [kernel_public(n) for n in kernel_names()]
-    return KernelsPublic(data=data, count=len(data))
+    errors = [PluginErrorPublic(**e.to_dict()) for e in plugin_errors()]
+    return KernelsPublic(data=data, count=len(data), errors=errors)

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 
 from api import errors
-from api.routes import configs, devices, health, jobs, kernels
+from api.routes import configs, devices, health, jobs, kernels, misses
 from db.engine import init_db
 from search_spaces import get_kernel, kernel_names
 from tuner.settings import Settings
@@ -39,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Autotuning service for Triton kernels")
     app.state.settings = settings
     api = APIRouter(prefix="/api/v1")
-    for module in (jobs, configs, kernels, devices):
+    for module in (jobs, configs, misses, kernels, devices):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(health.router)

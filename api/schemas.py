@@ -105,8 +105,27 @@ class TrialsPublic(BaseModel):
     count: int
 
 
+#: how an answer of GET /configs relates to the caller's identity (best first)
+Match = Literal["exact", "nearest", "other-triton", "other-device", "default"]
+#: what became of a reported miss (``report_misses``)
+MissOutcome = Literal["queued", "pending", "tuned", "rate-limited", "capped",
+                      "kernel-version-mismatch", "no-device", "failed"]
+#: the status of a recorded miss (GET /misses)
+MissStatus = Literal["queued", "running", "tuned", "failed", "rate-limited", "capped",
+                     "kernel-version-mismatch", "no-device"]
+#: the longest kernel or Triton version the database stores
+VERSION_MAX = 40
+
+
 class ConfigPublic(BaseModel):
-    match: Literal["exact", "nearest", "default"]
+    """A config for one lookup. ``match``: ``exact`` (tuned on the caller's device for its
+    kernel version, Triton minor version and shape), ``nearest`` (same, nearest tuned shape:
+    ``tuned_shape`` and its log2 ``distance``), ``other-triton`` (the caller's device under
+    another Triton minor version), ``other-device`` (another GPU: ``device`` says which),
+    ``default`` (the kernel's default config; nothing tuned applies). ``miss``: with
+    ``report_misses``, what became of a lookup that was not ``exact``."""
+
+    match: Match
     kernel: str
     dtype: str
     shape: dict[str, int]
@@ -118,21 +137,66 @@ class ConfigPublic(BaseModel):
     distance: float | None = None
     kernel_version: str | None = None
     triton_version: str | None = None
+    miss: MissOutcome | None = None
 
 
 class ConfigQueryItem(Strict):
-    kernel: str = Field(max_length=100)
-    dtype: str = Field(max_length=20)
-    shape: dict[str, Any]
-    device: str | None = Field(None, max_length=DEVICE_KEY_MAX)
+    kernel: str = Field(max_length=100, examples=["matmul"])
+    dtype: str = Field(max_length=20, examples=["float16"])
+    shape: dict[str, Any] = Field(examples=[{"M": 4096, "N": 4096, "K": 4096}])
+    device: str | None = Field(None, max_length=DEVICE_KEY_MAX,
+                               examples=["cuda:NVIDIA H200:sm90"],
+                               description="the caller's device key (GET /devices); without "
+                                           "it, only other GPUs' configs can be served")
+    kernel_version: str | None = Field(None, min_length=1, max_length=VERSION_MAX,
+                                       description="hash of the caller's kernel source; "
+                                                   "default: the kernel registered here")
+    triton_version: str | None = Field(None, min_length=1, max_length=VERSION_MAX,
+                                       examples=["3.6.0"],
+                                       description="the caller's Triton; configs of another "
+                                                   "minor version are ``other-triton``")
 
 
 class ConfigQuery(Strict):
     items: list[ConfigQueryItem] = Field(min_length=1, max_length=10_000)
+    report_misses: bool = Field(False, description="record every item not answered "
+                                "``exact`` as a miss and queue a tuning job for it on the "
+                                "caller's device (each answer's ``miss`` says what became "
+                                "of it)")
+    client: str | None = Field(None, min_length=1, max_length=100,
+                               description="who is asking, for the per-client rate limit on "
+                                           "queued misses; default: the API key presented, "
+                                           "else the caller's host")
 
 
 class ConfigsPublic(BaseModel):
     data: list[ConfigPublic]
+    count: int
+
+
+class MissPublic(BaseModel):
+    """A lookup that clients reported as not served exactly. ``status``: its job's (queued,
+    running, tuned, failed), else why none was queued (rate-limited, capped,
+    kernel-version-mismatch, no-device); ``note`` says more."""
+
+    id: int
+    kernel: str
+    kernel_version: str
+    dtype: str
+    shape: dict[str, int]
+    device: str | None
+    count: int
+    first_seen_at: datetime
+    last_seen_at: datetime
+    last_client: str | None
+    status: str
+    job_id: str | None
+    job_url: str | None
+    note: str | None
+
+
+class MissesPublic(BaseModel):
+    data: list[MissPublic]
     count: int
 
 
@@ -147,15 +211,28 @@ class KernelPublic(BaseModel):
     name: str
     version: str
     description: str
+    #: "builtin", or "plugin" (an entry point or TUNER_KERNELS)
+    source: Literal["builtin", "plugin"] = "builtin"
+    ref: str = ""
     dims: list[DimPublic]
     dtypes: list[str]
     space: list[dict[str, Any]]
     space_size: int
 
 
+class PluginErrorPublic(BaseModel):
+    """A kernel plugin that could not be registered: where it came from and why."""
+
+    source: str = Field(examples=["entry point rmsnorm"])
+    ref: str = Field(examples=["my_kernels.rmsnorm:KERNEL"])
+    error: str = Field(examples=["ModuleNotFoundError: No module named 'my_kernels'"])
+
+
 class KernelsPublic(BaseModel):
     data: list[KernelPublic]
     count: int
+    #: plugins that failed to load (the other kernels are unaffected)
+    errors: list[PluginErrorPublic] = []
 
 
 class DevicePublic(BaseModel):

@@ -10,7 +10,9 @@ most once whatever the interleaving. On PostgreSQL, claims also pick candidates 
 ``SELECT ... FOR UPDATE SKIP LOCKED`` so that workers do not queue behind each other; SQLite
 has one writer at a time and relies on the guard alone. Best configs and devices are written
 with ``INSERT ... ON CONFLICT DO NOTHING`` followed by a guarded UPDATE, so two workers storing
-the same key at once never fail on the unique constraint.
+the same key at once never fail on the unique constraint. Misses are written the same way, and a
+report holds its miss row's write lock (SQLite: the database's) from its first statement to its
+commit, so reports of one miss take turns and queue at most one job.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -28,7 +31,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
-from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Task, Trial, utcnow
+from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Miss, Task, Trial, utcnow
+from tuner.identity import same_triton_minor
 from tuner.shapes import shape_key
 
 #: how many claim candidates SQLite tries per query (several workers may race for the first)
@@ -228,6 +232,7 @@ def cancel_job(session: Session, job_id: str) -> Job:
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
                     .values(status="cancelled", finished_at=now)
                     .execution_options(synchronize_session=False))
+    _follow_job(session, job_id, "cancelled", None)
     return _reloaded_job(session, job_id)
 
 
@@ -251,9 +256,10 @@ def _settle_job(session: Session, job_id: str) -> None:
         error = "; ".join(f"{t.shape_key}: {t.error}" for t in tasks if t.error)[:4000] or None
     else:
         status = "cancelled" if "cancelled" in statuses else "succeeded"
-    _changed_row(session, Job, job_id, update(Job).where(Job.id == job_id,
-                                                         Job.status.in_(ACTIVE))
-                 .values(status=status, error=error, finished_at=utcnow()))
+    if _changed_row(session, Job, job_id, update(Job).where(Job.id == job_id,
+                                                            Job.status.in_(ACTIVE))
+                    .values(status=status, error=error, finished_at=utcnow())):
+        _follow_job(session, job_id, status, error)
 
 
 def answer_tuned_tasks(session: Session, job: Job) -> int:
@@ -326,9 +332,9 @@ def _lease(session: Session, task_id: int, worker_id: str, lease_seconds: float)
 
 
 def _mark_job_running(session: Session, job_id: str) -> None:
-    session.execute(update(Job).where(Job.id == job_id, Job.status == "queued")
-                    .values(status="running", started_at=utcnow())
-                    .execution_options(synchronize_session=False))
+    if _changed(session, update(Job).where(Job.id == job_id, Job.status == "queued")
+                .values(status="running", started_at=utcnow())):
+        _follow_job(session, job_id, "running", None)
     _reloaded(session, Job, job_id)
 
 
@@ -574,3 +580,232 @@ def seconds_since(moment: datetime | None, now: datetime | None = None) -> float
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=utcnow().tzinfo)
     return ((now or utcnow()) - moment).total_seconds()
+
+
+# -- serving configs: the match ladder --------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A stored best that may be served, with its device's kind (``cuda``, ``interpret``,
+    ``replay``; None when no worker registered the device)."""
+
+    row: BestConfig
+    device_kind: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The stored best chosen for a caller: how it matches the caller's identity (``exact``,
+    ``nearest``, ``other-triton`` or ``other-device``) and the log2 distance of its shape."""
+
+    match: str
+    row: BestConfig
+    distance: float
+
+
+def serving_candidates(session: Session, *, kernel: str, kernel_version: str,
+                       dtype: str) -> list[Candidate]:
+    """Every stored best of that kernel source version and dtype, on any device. A config of
+    another kernel version is never a candidate: it was tuned for other code."""
+    rows = session.execute(
+        select(BestConfig, Device.kind).outerjoin(Device, Device.key == BestConfig.device_key)
+        .where(BestConfig.kernel == kernel, BestConfig.kernel_version == kernel_version,
+               BestConfig.dtype == dtype).order_by(BestConfig.id))
+    return [Candidate(row, kind) for row, kind in rows]
+
+
+def serve_best(candidates: Iterable[Candidate], *, shape: Mapping[str, int],
+               device_key: str | None, triton_version: str | None) -> Served | None:
+    """The config to serve a caller from ``serving_candidates`` (its kernel version and
+    dtype), down the ladder: on the caller's device with its Triton minor version, the exact
+    shape (``exact``) else the nearest (``nearest``); on its device with another Triton minor
+    (``other-triton``); on another real GPU (``other-device``; the interpreter's and replayed
+    results are never served for another device). None: serve the kernel's default. Without
+    ``device_key`` only ``other-device`` can match (the caller's GPU is unknown); without
+    ``triton_version`` every Triton version counts as the caller's."""
+    candidates = list(candidates)
+    if device_key:
+        mine = [c.row for c in candidates if c.row.device_key == device_key]
+        same = [r for r in mine if same_triton_minor(r.triton_version, triton_version)]
+        if found := _closest(same, shape, triton_version):
+            row, distance = found
+            return Served("exact" if row.shape_key == shape_key(shape) else "nearest", row,
+                          distance)
+        if found := _closest(mine, shape, triton_version):
+            return Served("other-triton", *found)
+    gpus = [c.row for c in candidates
+            if c.device_kind == "cuda" and c.row.device_key != device_key]
+    if found := _closest(gpus, shape, triton_version):
+        return Served("other-device", *found)
+    return None
+
+
+def _closest(rows: Sequence[BestConfig], shape: Mapping[str, int],
+             triton_version: str | None) -> tuple[BestConfig, float] | None:
+    """The row of the nearest shape (the exact shape first), then of the caller's Triton minor,
+    then of its very version, then the most recently updated; with its distance."""
+    key = shape_key(shape)
+
+    def rank(r: BestConfig) -> tuple[float, bool, bool, bool, float, int]:
+        return (shape_distance(r.shape, shape), r.shape_key != key,
+                not same_triton_minor(r.triton_version, triton_version),
+                bool(triton_version) and r.triton_version != triton_version,
+                -r.updated_at.timestamp(), -r.id)
+
+    if not rows:
+        return None
+    best = min(rows, key=rank)
+    return best, shape_distance(best.shape, shape)
+
+
+# -- misses: lookups not served exactly, and the jobs queued to tune them ---------------------
+
+#: a miss whose job failed or was cancelled is queued again when reported after this long
+MISS_RETRY_AFTER = timedelta(hours=1)
+#: the window of the per-client rate limit on queueing misses
+MISS_RATE_WINDOW = timedelta(hours=1)
+#: a miss's status while it has a job in each job status
+_MISS_STATUS_OF_JOB = {"queued": "queued", "running": "running", "succeeded": "tuned",
+                       "failed": "failed", "cancelled": "failed"}
+#: statuses of a miss whose job is queued or running
+_MISS_ACTIVE = ("queued", "running")
+#: every status a miss row can have (``status`` of GET /misses)
+MISS_STATUSES = ("queued", "running", "tuned", "failed", "rate-limited", "capped",
+                 "kernel-version-mismatch", "no-device")
+
+
+@dataclass(frozen=True, slots=True)
+class MissLimits:
+    """How much tuning misses may queue (``Settings.miss_*``)."""
+
+    rate_per_client: int
+    cap_per_kernel: int
+    trials: int
+
+
+def report_miss(session: Session, *, device_key: str | None, kernel: str,
+                kernel_version: str, registered_version: str, dtype: str,
+                shape: Mapping[str, int], client: str, limits: MissLimits) -> str:
+    """Record one report of a lookup that was not served exactly, and queue a tuning job on the
+    caller's device when it should be. Returns what became of it (the API's ``miss``):
+
+    - ``queued``: a job was created now (strategy and backend auto, ``limits.trials`` trials);
+    - ``pending``: a job for it is queued or running; ``tuned``: its job succeeded;
+    - ``failed``: its job failed or was cancelled less than ``MISS_RETRY_AFTER`` ago (a later
+      report queues it again);
+    - not queued, only recorded: ``kernel-version-mismatch`` (``kernel_version`` is not the
+      ``registered_version`` the workers would tune), ``no-device`` (no worker to target),
+      ``rate-limited`` (``client`` queued ``limits.rate_per_client`` misses within
+      ``MISS_RATE_WINDOW``), ``capped`` (the kernel has ``limits.cap_per_kernel`` misses whose
+      jobs are queued or running).
+
+    Commit after each call: the miss row stays write-locked until then, which is what makes
+    concurrent reports of one miss queue one job (the rate and cap counts read other rows and
+    may be overrun by reports that race)."""
+    now = utcnow()
+    miss = _counted_miss(session, device_key or "", kernel, kernel_version, dtype, shape,
+                         client, now)
+    if kernel_version != registered_version:
+        return _miss_is(session, miss.id, "kernel-version-mismatch",
+                        f"the caller's kernel version {kernel_version} is not the server's "
+                        f"{registered_version}: tuning here would tune other code")
+    if not device_key:
+        return _miss_is(session, miss.id, "no-device",
+                        "the caller gave no device: no worker to tune it on")
+    job = session.get(Job, miss.job_id, populate_existing=True) if miss.job_id else None
+    if job is not None and job.status in ACTIVE:
+        return "pending"
+    if job is not None and job.status == "succeeded":
+        return "tuned"
+    if job is not None and job.finished_at and now - job.finished_at < MISS_RETRY_AFTER:
+        return "failed"
+    return _queue_miss(session, miss, device_key, client, limits, now)
+
+
+def _counted_miss(session: Session, device_key: str, kernel: str, kernel_version: str,
+                  dtype: str, shape: Mapping[str, int], client: str, now: datetime) -> Miss:
+    """The miss row, inserted or counted once more: this write locks the row until commit."""
+    key = dict(device_key=device_key, kernel=kernel, kernel_version=kernel_version,
+               dtype=dtype, shape_key=shape_key(shape))
+    inserted = _insert_ignoring_conflicts(session, Miss, {
+        **key, "shape": dict(shape), "count": 1, "first_seen_at": now, "last_seen_at": now,
+        "last_client": client, "status": "new"}, list(key))
+    if not inserted:
+        session.execute(update(Miss).where(*_matching(Miss, key))
+                        .values(count=Miss.count + 1, last_seen_at=now, last_client=client)
+                        .execution_options(synchronize_session=False))
+    return session.scalars(select(Miss).where(*_matching(Miss, key))
+                           .execution_options(populate_existing=True)).one()
+
+
+def _miss_is(session: Session, miss_id: int, status: str, note: str) -> str:
+    """Set why a miss is not queued; returns ``status``."""
+    _changed_row(session, Miss, miss_id, update(Miss).where(Miss.id == miss_id)
+                 .values(status=status, note=note))
+    return status
+
+
+def _queue_miss(session: Session, miss: Miss, device_key: str, client: str,
+                limits: MissLimits, now: datetime) -> str:
+    queued = session.scalar(select(func.count()).select_from(Miss).where(
+        Miss.queued_by == client, Miss.queued_at >= now - MISS_RATE_WINDOW)) or 0
+    if queued >= limits.rate_per_client:
+        return _miss_is(session, miss.id, "rate-limited",
+                        f"client {client} queued {queued} misses in the last hour "
+                        f"(TUNER_MISS_RATE_PER_CLIENT={limits.rate_per_client})")
+    active = session.scalar(select(func.count()).select_from(Miss).join(Job, Miss.job_id == Job.id)
+                            .where(Miss.kernel == miss.kernel, Job.status.in_(ACTIVE))) or 0
+    if active >= limits.cap_per_kernel:
+        return _miss_is(session, miss.id, "capped",
+                        f"{miss.kernel} has {active} misses queued or running "
+                        f"(TUNER_MISS_CAP_PER_KERNEL={limits.cap_per_kernel})")
+    fields: dict[str, Any] = dict(
+        kernel=miss.kernel, kernel_version=miss.kernel_version, dtype=miss.dtype,
+        shapes=[miss.shape], budget_trials=limits.trials, budget_seconds=None, strategy="auto",
+        backend="auto", device_key=device_key)
+    # an identical job someone submitted serves the miss as well as a new one would
+    job = find_active_duplicate(session, request_key(**fields))
+    created = job is None
+    if job is None:
+        job = create_job(session, **fields, force=False, seed=0)
+    mine = dict(queued_by=client, queued_at=now) if created else {}
+    if not _changed_row(session, Miss, miss.id, update(Miss).where(
+            Miss.id == miss.id, _same_job(miss.job_id))
+            .values(job_id=job.id, status=_MISS_STATUS_OF_JOB[job.status], note=None, **mine)):
+        if created:  # another report queued it first (the row lock makes this unexpected)
+            session.delete(job)
+            session.flush()
+        return "pending"
+    return "queued" if created else "pending"
+
+
+def _same_job(job_id: str | None) -> ColumnElement[bool]:
+    return Miss.job_id.is_(None) if job_id is None else Miss.job_id == job_id
+
+
+def _follow_job(session: Session, job_id: str, job_status: str, error: str | None) -> None:
+    """Misses whose job is queued or running take its new status (only forwards)."""
+    note = {"failed": f"its job failed: {error}"[:4000] if error else "its job failed",
+            "cancelled": "its job was cancelled"}.get(job_status)
+    session.execute(update(Miss).where(Miss.job_id == job_id, Miss.status.in_(_MISS_ACTIVE))
+                    .values(status=_MISS_STATUS_OF_JOB[job_status], note=note)
+                    .execution_options(synchronize_session=False))
+
+
+def list_misses(session: Session, kernel: str | None = None, status: str | None = None,
+                limit: int = 50, offset: int = 0) -> tuple[list[Miss], int]:
+    """One page of misses, most recently reported first, and how many match in all."""
+    query = select(Miss)
+    if kernel:
+        query = query.where(Miss.kernel == kernel)
+    if status:
+        query = query.where(Miss.status == status)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Miss.last_seen_at.desc(), Miss.id.desc())
+                           .limit(limit).offset(offset))
+    return list(rows), int(total)
+
+
+def count_misses_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Miss.status, func.count()).group_by(Miss.status))
+    return {status: int(count) for status, count in rows}

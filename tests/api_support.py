@@ -1,12 +1,21 @@
 """Helpers of the HTTP service tests: a job body, an in-process interpreter worker, a stored
-best config."""
+best config, the app on a real socket."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import uvicorn
+
+from api.app import create_app
 from db import repo
 from db.engine import init_db
+from tuner.settings import Settings
 from tuner.worker import TaskOutcome, Worker
 
 SHAPE = {"M": 16, "N": 16, "K": 16}
@@ -27,24 +36,51 @@ def run_worker_once(db_url: str) -> TaskOutcome:
 
 
 def store(db_url: str, shape: dict[str, int], ms: float, device: str = GPU,
-          config: dict[str, int] | None = None, dtype: str = "float16") -> None:
-    """A best config as a GPU worker would have stored it."""
+          config: dict[str, int] | None = None, dtype: str = "float16", *,
+          triton_version: str = "3.6.0", kernel_version: str | None = None,
+          kind: str = "cuda") -> None:
+    """A best config as a worker of that device kind would have stored it (kernel version:
+    the registered matmul's unless given)."""
     from search_spaces import get_kernel
 
-    version = get_kernel("matmul").version
+    version = kernel_version or get_kernel("matmul").version
     with init_db(db_url)() as session:
-        repo.upsert_device(session, {"key": device, "kind": "cuda", "name": "NVIDIA H200"})
+        repo.upsert_device(session, {"key": device, "kind": kind,
+                                     "name": device.split(":")[1] if ":" in device else device})
         repo.store_best(session, device_key=device, kernel="matmul", kernel_version=version,
-                        dtype=dtype, shape=shape, triton_version="3.6.0",
+                        dtype=dtype, shape=shape, triton_version=triton_version,
                         config=config or CONFIG, p20_ms=ms, p50_ms=ms, p80_ms=ms, tflops=1.0,
                         gbps=1.0, torch_version=None, cuda_version=None, task_id=None)
         session.commit()
 
 
 def config_params(shape: dict[str, int], device: str | None = None,
-                  dtype: str = "float16") -> dict[str, Any]:
-    """Query parameters of GET /api/v1/configs."""
-    params: dict[str, Any] = {"kernel": "matmul", "dtype": dtype, **shape}
+                  dtype: str = "float16", **identity: str) -> dict[str, Any]:
+    """Query parameters of GET /api/v1/configs (``identity``: kernel_version,
+    triton_version)."""
+    params: dict[str, Any] = {"kernel": "matmul", "dtype": dtype, **shape, **identity}
     if device:
         params["device"] = device
     return params
+
+
+@contextmanager
+def running_app(settings: Settings) -> Iterator[str]:
+    """The app served by uvicorn on a free local port, in a thread; yields its base URL (for
+    tests that need concurrent requests over real sockets)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,61 +1,85 @@
-"""Tuned configs for clients: exact key, else nearest tuned shape, else the kernel's default."""
+"""Tuned configs for clients, matched to the caller's identity (device, kernel source version,
+Triton minor version) down a ladder: exact, nearest shape, another Triton minor, another GPU,
+the kernel's default. The bulk query can also report what was not exact as misses to tune."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from collections.abc import Sequence
+from typing import Any, cast
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from api.deps import ReadAccess, SessionDep
+from api.deps import ReadAccess, SessionDep, SettingsDep, _presented_key
 from api.errors import QueryError, as_query_error
-from api.schemas import DEVICE_KEY_MAX, ConfigPublic, ConfigQuery, ConfigsPublic
+from api.schemas import (
+    DEVICE_KEY_MAX,
+    VERSION_MAX,
+    ConfigPublic,
+    ConfigQuery,
+    ConfigQueryItem,
+    ConfigsPublic,
+    Match,
+    MissOutcome,
+)
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo
-from db.models import BestConfig
 from tuner.errors import InvalidRequest
+from tuner.settings import Settings
 
 router = APIRouter(prefix="/configs", tags=["configs"])
 
 #: query parameters of GET /configs that are not problem dimensions
-_NON_DIMS = {"kernel", "dtype", "device"}
+_NON_DIMS = {"kernel", "dtype", "device", "kernel_version", "triton_version"}
+
+#: the dimensions of GET /configs are free-form query parameters (each kernel has its own):
+#: described here so that the OpenAPI page shows them with an example
+_DIMS_PARAMETER = {
+    "name": "dimensions", "in": "query", "required": True, "style": "form", "explode": True,
+    "description": "the problem shape, one integer parameter per dimension of the kernel "
+                   "(GET /kernels lists them), e.g. ``M=4096&N=4096&K=4096`` for matmul",
+    "schema": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
+    "example": {"M": 4096, "N": 4096, "K": 4096},
+}
 
 
-def _candidate_devices(session: Session, device: str | None) -> list[str]:
-    """The device asked for, or every real GPU known (the interpreter's and replayed results
-    are never served unless asked for by key)."""
-    if device:
-        return [device]
-    return [d.key for d in repo.list_devices(session) if d.kind == "cuda"]
-
-
-def _public(match: str, kernel: Any, dtype: str, shape: dict[str, int], row: BestConfig,
-            distance: float | None = None) -> ConfigPublic:
-    return ConfigPublic(match=match, kernel=kernel.name, dtype=dtype, shape=shape,  # type: ignore[arg-type]
-                        device=row.device_key, config=row.config, ms=row.p50_ms,
+def _public(served: repo.Served, kernel: Any, dtype: str,
+            shape: dict[str, int]) -> ConfigPublic:
+    row = served.row
+    distance = None if served.match == "exact" else round(served.distance, 4)
+    return ConfigPublic(match=cast(Match, served.match), kernel=kernel.name, dtype=dtype,
+                        shape=shape, device=row.device_key, config=row.config, ms=row.p50_ms,
                         tflops=row.tflops, tuned_shape=row.shape, distance=distance,
                         kernel_version=row.kernel_version, triton_version=row.triton_version)
 
 
-def resolve(session: Session, kernel: Any, dtype: str, shape: dict[str, int],
-            device: str | None) -> ConfigPublic:
-    devices = _candidate_devices(session, device)
-    key = repo.shape_key_of(shape)
-    for dev in devices:
-        row = repo.get_best(session, device_key=dev, kernel=kernel.name, dtype=dtype,
-                            shape_key=key, kernel_version=kernel.version)
-        if row is not None:
-            return _public("exact", kernel, dtype, shape, row)
-    near = [n for dev in devices if (n := repo.nearest_best(
-        session, device_key=dev, kernel=kernel.name, dtype=dtype, shape=shape,
-        kernel_version=kernel.version))]
-    if near:
-        row, distance = min(near, key=lambda n: n[1])
-        return _public("nearest", kernel, dtype, shape, row, round(distance, 4))
-    default = kernel.default_config(shape, dtype).to_dict()
-    return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
-                        device=device, config=default)
+class Lookup:
+    """Answers lookups, reading each (kernel, kernel version, dtype)'s stored bests once per
+    request: a bulk query of thousands of shapes is one query per kernel and dtype."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._candidates: dict[tuple[str, str, str], list[repo.Candidate]] = {}
+
+    def candidates(self, kernel: str, kernel_version: str, dtype: str) -> list[repo.Candidate]:
+        key = (kernel, kernel_version, dtype)
+        if key not in self._candidates:
+            self._candidates[key] = repo.serving_candidates(
+                self.session, kernel=kernel, kernel_version=kernel_version, dtype=dtype)
+        return self._candidates[key]
+
+    def answer(self, kernel: Any, dtype: str, shape: dict[str, int], device: str | None,
+               kernel_version: str | None, triton_version: str | None) -> ConfigPublic:
+        candidates = self.candidates(kernel.name, kernel_version or kernel.version, dtype)
+        served = repo.serve_best(candidates, shape=shape, device_key=device,
+                                 triton_version=triton_version)
+        if served is not None:
+            return _public(served, kernel, dtype, shape)
+        default = kernel.default_config(shape, dtype).to_dict()
+        return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
+                            device=device, config=default)
 
 
 def _query_shape(request: Request, kernel: Any) -> dict[str, int]:
@@ -75,35 +99,115 @@ def _query_shape(request: Request, kernel: Any) -> dict[str, int]:
 
 
 @router.get("", response_model=ConfigPublic, dependencies=[ReadAccess],
+            openapi_extra={"parameters": [_DIMS_PARAMETER]},
             responses={404: {"model": ConfigPublic,
-                             "description": "nothing tuned: the body carries the default"}})
+                             "description": "nothing tuned applies: the body carries the "
+                                            "kernel's default (``match: default``)"}})
 def get_config(request: Request, session: SessionDep,
-               kernel: str = Query(max_length=100), dtype: str = Query(max_length=20),
-               device: str | None = Query(None, max_length=DEVICE_KEY_MAX)) -> Any:
-    """The best config for kernel/dtype/device and the shape given as dimension parameters
-    (``?kernel=matmul&dtype=float16&M=4096&N=4096&K=4096``): ``match`` is ``exact``, else
-    ``nearest`` (with its ``tuned_shape`` and log2 ``distance``), else 404 with ``default``.
-    Without ``device``, only real GPUs' results are considered."""
+               kernel: str = Query(max_length=100, examples=["matmul"]),
+               dtype: str = Query(max_length=20, examples=["float16"]),
+               device: str | None = Query(None, max_length=DEVICE_KEY_MAX,
+                                          examples=["cuda:NVIDIA H200:sm90"],
+                                          description="the caller's device key"),
+               kernel_version: str | None = Query(
+                   None, min_length=1, max_length=VERSION_MAX,
+                   description="hash of the caller's kernel source; default: the kernel "
+                               "registered here"),
+               triton_version: str | None = Query(None, min_length=1, max_length=VERSION_MAX,
+                                                  examples=["3.6.0"],
+                                                  description="the caller's Triton version"),
+               ) -> Any:
+    """The best config for the caller's kernel, dtype and identity, and the shape given as one
+    query parameter per dimension (the kernel's, from GET /kernels), e.g.
+    ``?kernel=matmul&dtype=float16&M=4096&N=4096&K=4096`` plus
+    ``&device=cuda:NVIDIA%20H200:sm90&triton_version=3.6.0``.
+
+    ``match`` says how the config relates to the caller:
+
+    - ``exact``: tuned on ``device`` for this kernel version, the caller's Triton major.minor
+      (when ``triton_version`` is given) and this shape;
+    - ``nearest``: the same, for the nearest tuned shape (``tuned_shape``, log2 ``distance``);
+    - ``other-triton``: tuned on ``device`` under another Triton minor version (the exact shape
+      first, else the nearest);
+    - ``other-device``: tuned on another real GPU, named by ``device`` (the same shape first,
+      else the nearest). Results of the CPU interpreter and of replay tables are never served
+      for another device;
+    - ``default``: nothing tuned applies: 404, whose body carries the kernel's default config.
+
+    Without ``device`` the caller's GPU is unknown: ``other-device`` at best. A config tuned
+    for another ``kernel_version`` (default: the kernel registered here) is never served.
+    """
     try:
         k = kernel_or_error(kernel, "kernel")
         check_dtype(k, dtype)
     except InvalidRequest as exc:
         raise as_query_error(exc) from None
-    result = resolve(session, k, dtype, _query_shape(request, k), device)
+    result = Lookup(session).answer(k, dtype, _query_shape(request, k), device, kernel_version,
+                                    triton_version)
     if result.match == "default":
         return JSONResponse(result.model_dump(), status_code=404)
     return result
 
 
-@router.post("/query", response_model=ConfigsPublic, dependencies=[ReadAccess])
-def query_configs(body: ConfigQuery, session: SessionDep) -> ConfigsPublic:
-    """Many lookups in one request (model start-up): 200 with one answer per item, in order,
-    each saying how it matched (``exact``, ``nearest`` or ``default``: never a 404). A
-    malformed item is a 422 naming it (``["body", "items", i, ...]``)."""
-    data = []
-    for i, item in enumerate(body.items):
+
+def _checked(items: Sequence[ConfigQueryItem]) -> list[tuple[Any, dict[str, int]]]:
+    """Each item's kernel and validated shape; the first bad item is a 422 naming it."""
+    checked = []
+    for i, item in enumerate(items):
         k = kernel_or_error(item.kernel, f"items.{i}.kernel")
         check_dtype(k, item.dtype, f"items.{i}.dtype")
-        shape = check_shape(k, item.shape, f"items.{i}.shape")
-        data.append(resolve(session, k, item.dtype, shape, item.device))
+        checked.append((k, check_shape(k, item.shape, f"items.{i}.shape")))
+    return checked
+
+
+def caller_id(request: Request, client: str | None) -> str:
+    """Who reports misses, for the per-client rate limit: the body's ``client``, else a digest
+    of the API key presented (a key is a secret: it is never stored), else the caller's host."""
+    if client:
+        return client
+    key = _presented_key(request)
+    if key:
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"host:{request.client.host if request.client else 'unknown'}"
+
+
+def _limits(settings: Settings) -> repo.MissLimits:
+    return repo.MissLimits(rate_per_client=settings.miss_rate_per_client,
+                           cap_per_kernel=settings.miss_cap_per_kernel,
+                           trials=settings.miss_trials)
+
+
+@router.post("/query", response_model=ConfigsPublic, dependencies=[ReadAccess])
+def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
+                  settings: SettingsDep) -> ConfigsPublic:
+    """Many lookups in one request (model start-up): 200 with one answer per item, in order,
+    each matched to the item's ``device``, ``kernel_version`` and ``triton_version`` as
+    GET /configs does (``exact``, ``nearest``, ``other-triton``, ``other-device``, or
+    ``default``: never a 404). A malformed item is a 422 naming it
+    (``["body", "items", i, ...]``), and then nothing is recorded.
+
+    With ``report_misses``, every item not answered ``exact`` is recorded as a miss
+    (GET /misses) and, when it can be, queued once as a tuning job on the caller's ``device``;
+    its answer's ``miss`` says what became of it: ``queued`` (a job was created now),
+    ``pending`` (its job is queued or running), ``tuned`` (its job succeeded), ``failed`` (its
+    job failed or was cancelled; reported an hour after that, it is queued again), or recorded
+    only: ``rate-limited`` (this ``client`` queued ``TUNER_MISS_RATE_PER_CLIENT`` misses in the
+    last hour), ``capped`` (the kernel has ``TUNER_MISS_CAP_PER_KERNEL`` misses queued or
+    running), ``kernel-version-mismatch`` (the caller's kernel is not the one registered here:
+    tuning would tune other code), ``no-device`` (no device to tune on).
+    """
+    lookup = Lookup(session)
+    client = caller_id(request, body.client) if body.report_misses else ""
+    data = []
+    for item, (k, shape) in zip(body.items, _checked(body.items), strict=True):
+        answer = lookup.answer(k, item.dtype, shape, item.device, item.kernel_version,
+                               item.triton_version)
+        if body.report_misses and answer.match != "exact":
+            answer.miss = cast(MissOutcome, repo.report_miss(
+                session, device_key=item.device, kernel=k.name,
+                kernel_version=item.kernel_version or k.version, registered_version=k.version,
+                dtype=item.dtype, shape=shape, client=client, limits=_limits(settings)))
+            session.commit()  # one miss at a time: its row stays locked until this commit
+        data.append(answer)
     return ConfigsPublic(data=data, count=len(data))
+

@@ -127,3 +127,59 @@ def test_shape_specs_names_and_limits():
     import time
 
     assert 29.0 < table_limit(150.0, time.monotonic() + 90.0, 3) <= 30.0
+
+
+# -- bench/search_quality.py --------------------------------------------------------------------
+
+def synthetic_softmax_table(path: Path) -> Path:
+    """softmax's whole space on 4096 x 8192 fp16 with made-up times (fastest: the row in one
+    block, 8 warps, one row per program); the configs its constraints prune failed."""
+    import math
+
+    shape = {"M": 4096, "N": 8192}
+    ctx = ProblemContext(shape, "float16")
+    space = SOFTMAX.space()
+    results = []
+    for c in space:
+        if space.violation(c, ctx):
+            results.append({"config": dict(c), "error": "compile_error: too many registers"})
+            continue
+        ms = 0.04 * (1 + 0.3 * abs(math.log2(c["BLOCK_N"] / 8192))) * (
+            1 + 0.1 * abs(math.log2(c["num_warps"] / 8))) * (1 + 0.05 * (c["ROWS"] - 1)) * (
+            1 + 0.01 * c["num_stages"])
+        results.append({"config": dict(c), "ms": round(ms, 6)})
+    path.write_text(json.dumps({
+        "format": "replay-v1", "kernel": "softmax", "device": "synthetic", "shape": shape,
+        "dtype": "float16", "timing": "made up", "reference_ms": {"torch.softmax": 0.13},
+        "params": sorted(space.names), "results": results,
+        "coverage": {"space": len(results), "measured": len(results), "complete": True}}))
+    return path
+
+
+def test_search_quality_replays_a_kernels_tables_with_every_strategy(tmp_path: Path):
+    from bench.search_quality import main as quality
+    from tuner.strategies import DEFAULT_STRATEGY_WITHOUT_PRIOR
+
+    synthetic_softmax_table(tmp_path / "softmax_4096x8192_float16_synthetic.json")
+    out = tmp_path / "quality.md"
+    argv = ["--kernel", "softmax", "--strategies", "tpe,gp,model,random", "--seeds", "2",
+            "--slow-seeds", "1", "--budgets", "4,8", "--cold-only", "--jobs", "1",
+            "--tables-dir", "", "--out", str(out), str(tmp_path / "softmax_*.json")]
+    assert quality(argv) == 0
+    text = out.read_text()
+    assert text.startswith("# Search quality on softmax replay tables")
+    assert "--kernel softmax --strategies tpe,gp,model,random" in text.splitlines()[2]
+    table_row = next(line for line in text.splitlines()
+                     if line.startswith("| softmax_4096x8192_float16_synthetic |"))
+    assert "| yes |" in table_row and "| 1.000 |" in table_row  # the optimum is kept
+    assert table_row.endswith(f"| {DEFAULT_STRATEGY_WITHOUT_PRIOR} |")
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()
+            if line.startswith("| ") and " | 1x" in line}
+    assert set(rows) == {"tpe", "gp", "model", "random"}
+    assert rows["gp"][1] == "1x1" and rows["tpe"][1] == "1x2"
+    for cells in rows.values():  # median and worst at 4 and at 8 trials: ratios >= 1
+        ratios = [float(cells[i]) for i in (2, 3, 5, 6)]
+        assert all(1.0 <= r < 10 for r in ratios)
+        assert float(cells[5]) <= float(cells[2])  # more trials never do worse
+    # --kernel selects by the table's kernel: none of these is matmul
+    assert quality(["--kernel", "matmul", "--tables-dir", "", str(tmp_path / "*.json")]) == 2

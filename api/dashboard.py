@@ -2,7 +2,8 @@
 
 Pages: overview (``/``), jobs (``/jobs``, live progress over server-sent events from
 ``/events/jobs``), one job (``/jobs/{id}``: charts of how its search went), best configs
-(``/configs``, filterable, copyable as JSON, ``triton.Config`` and a vLLM-style entry), a kernel
+(``/configs``, filterable, copyable as JSON, ``triton.Config`` and a vLLM-style entry), misses
+(``/misses``: lookups clients reported as not served exactly, and their tuning jobs), a kernel
 (``/kernels/{name}``) and the roofline (``/roofline``). Every table is in the HTML, so the pages
 work without JavaScript; the charts use Plotly.js served from the installed ``plotly`` package
 (``/static/plotly.min.js``: no CDN, GPU clusters are often offline) and read their data from
@@ -158,8 +159,11 @@ def overview(request: Request, session: SessionDep) -> HTMLResponse:
                         "space_size": k.space().size(), "tuned": int(best_counts.get(name, 0)),
                         "description": getattr(k, "description", "")})
     trial_count = session.scalar(select(func.count()).select_from(Trial)) or 0
+    miss_counts = repo.count_misses_by_status(session)
     return _page(request, "overview.html", title="Overview", devices=devices, jobs=jobs,
                  jobs_total=total, counts=counts, kernels=kernels, trial_count=trial_count,
+                 misses_total=sum(miss_counts.values()),
+                 misses_active=miss_counts.get("queued", 0) + miss_counts.get("running", 0),
                  lease_seconds=request.app.state.settings.lease_seconds,
                  statuses=("queued", "running", "succeeded", "failed", "cancelled"))
 
@@ -350,6 +354,19 @@ def configs_page(request: Request, session: SessionDep, kernel: str | None = Non
                  kernels=sorted({r.kernel for r in everything}),
                  devices=sorted({r.device_key for r in everything}),
                  dtypes=sorted({r.dtype for r in everything}))
+
+
+@router.get("/misses", response_class=HTMLResponse)
+def misses_page(request: Request, session: SessionDep, status: str | None = None,
+                kernel: str | None = None, page: int = Query(1, ge=1)) -> HTMLResponse:
+    """Lookups clients reported as not served exactly, most recently reported first, with
+    what became of each and a link to its tuning job."""
+    per_page = 100
+    misses, total = repo.list_misses(session, kernel=kernel or None, status=status or None,
+                                     limit=per_page, offset=(page - 1) * per_page)
+    return _page(request, "misses.html", title="Misses", misses=misses, total=total, page=page,
+                 pages=max(1, math.ceil(total / per_page)), status=status or "",
+                 kernel=kernel or "", statuses=repo.MISS_STATUSES, kernels=kernel_names())
 
 
 @router.get("/kernels/{name}", response_class=HTMLResponse)

@@ -255,11 +255,38 @@ def test_importance_and_parcoords_math():
     assert p["rows"][0] == [0.0, 0.0, 0.0] and p["rows"][-1] == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("path", ["/", "/jobs", "/configs", "/roofline", "/kernels/matmul"])
+@pytest.mark.parametrize("path", ["/", "/jobs", "/configs", "/misses", "/roofline",
+                                  "/kernels/matmul"])
 def test_every_page_is_html_with_the_navigation(api_client, path):
     r = api_client.get(path)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert all(f'href="{p}"' in r.text for p in ("/jobs", "/configs", "/roofline"))
+    assert all(f'href="{p}"' in r.text for p in ("/jobs", "/configs", "/misses", "/roofline"))
+
+
+def test_misses_page_lists_reported_misses_with_their_jobs_and_the_overview_counts_them(
+        api_client):
+    def item(m: int, **fields: str) -> dict[str, Any]:
+        return {"kernel": "matmul", "dtype": "float32", "shape": {"M": m, "N": 16, "K": 16},
+                **fields}
+
+    items = [item(16, device=GPU), item(32), item(64, device=GPU, kernel_version="0ld")]
+    for _ in range(2):
+        api_client.post("/api/v1/configs/query", json={"items": items, "report_misses": True})
+    assert "No misses reported" in api_client.get("/misses", params={"kernel": "softmax"}).text
+    html = api_client.get("/misses").text
+    rows = _cells(html, "misses")
+    assert [(r[0].split()[0], r[1], r[2], r[3], r[4], r[7].split()[0]) for r in rows] == [
+        ("matmul", "float32", "64x16x16", GPU, "2", "kernel-version-mismatch"),
+        ("matmul", "float32", "32x16x16", "not given", "2", "no-device"),
+        ("matmul", "float32", "16x16x16", GPU, "2", "queued")]
+    job_id = api_client.get("/api/v1/misses", params={"status": "queued"}).json()["data"][0][
+        "job_id"]
+    assert f'href="/jobs/{job_id}"' in html and rows[0][8] == rows[1][8] == "-"
+    only = _cells(api_client.get("/misses", params={"status": "no-device"}).text, "misses")
+    assert [r[2] for r in only] == ["32x16x16"]
+    overview = api_client.get("/").text
+    assert re.search(r'data-count="misses"><span class="num">3<', overview)
+    assert "1 being tuned" in overview
 
 
 def test_plotly_is_served_from_the_installed_package(api_client):

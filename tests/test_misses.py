@@ -256,6 +256,23 @@ def test_a_failed_miss_is_queued_again_an_hour_later(make_client, any_db_url):
     assert job_count(any_db_url) == 2
 
 
+def test_a_misses_status_follows_its_job(make_client, any_db_url):
+    client = make_client()
+    assert outcomes(client, item()) == ["queued"]
+    with init_db(any_db_url)() as session:
+        task = repo.claim_task(session, worker_id="w", device_key=GPU, lease_seconds=60)
+        session.commit()
+        assert task is not None
+        assert misses(client)["data"][0]["status"] == "running"
+        assert outcomes(client, item()) == ["pending"]
+        repo.finish_task(session, task.id, "failed", "out of memory", worker_id="w")
+        session.commit()
+    [miss] = misses(client)["data"]
+    assert miss["status"] == "failed" and "out of memory" in miss["note"]
+    assert outcomes(client, item()) == ["failed"]
+    assert [m["status"] for m in misses(client, status="failed")["data"]] == ["failed"]
+
+
 # -- the whole loop: a miss tuned by a worker is served exactly -------------------------------
 
 def test_a_miss_tuned_by_the_interpreter_worker_is_then_served_exactly(make_client,

@@ -62,6 +62,12 @@ class Lookup:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._candidates: dict[tuple[str, str, str], list[repo.Candidate]] = {}
+        self._versions: dict[str, str] = {}  # a kernel's version hashes its source: once
+
+    def registered_version(self, kernel: Any) -> str:
+        if kernel.name not in self._versions:
+            self._versions[kernel.name] = str(kernel.version)
+        return self._versions[kernel.name]
 
     def candidates(self, kernel: str, kernel_version: str, dtype: str) -> list[repo.Candidate]:
         key = (kernel, kernel_version, dtype)
@@ -72,7 +78,8 @@ class Lookup:
 
     def answer(self, kernel: Any, dtype: str, shape: dict[str, int], device: str | None,
                kernel_version: str | None, triton_version: str | None) -> ConfigPublic:
-        candidates = self.candidates(kernel.name, kernel_version or kernel.version, dtype)
+        candidates = self.candidates(kernel.name,
+                                     kernel_version or self.registered_version(kernel), dtype)
         served = repo.serve_best(candidates, shape=shape, device_key=device,
                                  triton_version=triton_version)
         if served is not None:
@@ -205,7 +212,8 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
         if body.report_misses and answer.match != "exact":
             answer.miss = cast(MissOutcome, repo.report_miss(
                 session, device_key=item.device, kernel=k.name,
-                kernel_version=item.kernel_version or k.version, registered_version=k.version,
+                kernel_version=item.kernel_version or lookup.registered_version(k),
+                registered_version=lookup.registered_version(k),
                 dtype=item.dtype, shape=shape, client=client, limits=_limits(settings)))
             session.commit()  # one miss at a time: its row stays locked until this commit
         data.append(answer)

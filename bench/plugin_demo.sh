@@ -46,7 +46,8 @@ for arm in tuner triton; do
   TRITON_CACHE_DIR=$cache python3 -m bench.plugin_demo first-launch --arm $arm --url $url --out "$out/first_${arm}_warm.json"
 done
 python3 -m bench.plugin_demo kernel-times --url $url --out "$out/kernel_times.json"
-python3 -m bench.plugin_demo report --dir "$out" > "$out/plugin_demo_h200.md"
-cat "$out/plugin_demo_h200.md"
+{ echo "Produced by \`bash bench/plugin_demo.sh OUT_DIR\` on: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  echo; python3 -m bench.plugin_demo report --dir "$out"; } > "$out/plugin_demo.md"
+cat "$out/plugin_demo.md"
 kill $pid; wait $pid 2>/dev/null
 echo "--- server log (tail) ---"; tail -5 "$out/serve.log"

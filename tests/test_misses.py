@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
 from api.app import create_app
+from api.schemas import MissOutcome, MissStatus
 from db import repo
 from db.engine import init_db
 from db.models import Job, Miss, utcnow
@@ -315,6 +316,11 @@ def test_misses_are_listed_newest_first_and_filtered(make_client):
     assert misses(client, kernel="softmax")["count"] == 0
     bad = client.get("/api/v1/misses", params={"status": "lost"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "status"]
+
+
+def test_the_api_documents_every_status_a_miss_can_have():
+    assert set(get_args(MissStatus)) == set(repo.MISS_STATUSES)
+    assert set(get_args(MissOutcome)) == {*repo.MISS_STATUSES, "pending"} - {"running"}
 
 
 def test_the_client_name_is_at_most_100_characters(make_client):

@@ -2,7 +2,7 @@
 
     python3 -m bench.record_tables --kernel softmax --out-dir DIR \\
         --shapes "M=4096,N=8192:float16;M=16,N=131072:float16" [--backend cuda|interpret]
-        [--limit-seconds 150] [--total-seconds T]
+        [--limit-seconds 150] [--total-seconds T [--reserve-seconds 30]]
     python3 -m bench.record_tables --out-dir tests/data/replay [--shapes all|0,2|MxNxK:dtype]
 
 The kernel is loaded by name (``search_spaces.get_kernel``: built-ins and plugins); the default is
@@ -175,11 +175,13 @@ def _time_baseline(fn: Callable[[Any], None], inputs: Any, device: str) -> float
     return sorted(samples)[2]
 
 
-def timing_note(backend: str, done: int, total: int, wall: float, limit_s: float) -> str:
+def timing_note(backend: str, done: int, total: int, wall: float, limit_s: float,
+                compile_timeout_s: float = 30.0) -> str:
     if backend == "cuda":
         how = ("pipeline: triton.testing.do_bench(warmup=5 ms, rep=20 ms; a config over 2x the "
                "best so far keeps a 5 ms quick timing), median ms, randn inputs, L2 flushed; "
-               "output verified against the kernel's reference first")
+               "output verified against the kernel's reference first; compiles over "
+               f"{compile_timeout_s:.0f} s recorded as timeouts")
     else:
         how = ("Triton CPU interpreter through the pipeline, median wall time of 3 runs (not a "
                "GPU timing); output verified against the kernel's reference first")
@@ -252,8 +254,9 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
                 "wall_s": round(wall, 1), "constraint_pruned": len(pruned)}
     note = (f"{getattr(kernel, 'description', name)}; every config of its space, including "
             "those its constraints prune (their reason under \"constraint\")")
-    table = table_of(shape, dtype, measured, fp, timing_note(backend_kind, len(measured),
-                     len(configs), wall, limit_s), kernel=name, kernel_note=note,
+    how = timing_note(backend_kind, len(measured), len(configs), wall, limit_s,
+                      float(getattr(timing, "compile_timeout_s", 30.0)))
+    table = table_of(shape, dtype, measured, fp, how, kernel=name, kernel_note=note,
                      constraints=pruned, params=sorted(space.names), coverage=coverage)
     try:
         ms = baseline_ms(kernel, shape, dtype, backend_kind)
@@ -285,17 +288,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--limit-seconds", type=float, default=150.0,
                     help="per table: stop measuring new batches after this long")
     ap.add_argument("--total-seconds", type=float, default=None,
-                    help="for the whole run: each table gets at most its share of what is left")
+                    help="for the whole run: a table may use what is left but the reserve of "
+                         "each table after it")
+    ap.add_argument("--reserve-seconds", type=float, default=30.0,
+                    help="with --total-seconds: kept for each later table")
+    ap.add_argument("--compile-timeout", type=float, default=TIMING["compile_timeout_s"],
+                    help="seconds a config may compile before it is recorded as a timeout")
     ap.add_argument("--batch", type=int, default=None,
                     help="configs per measure call (default 4x the compile pool, >= 8)")
     return ap.parse_args(argv)
 
 
-def table_limit(limit_s: float, deadline: float | None, tables_left: int) -> float:
-    """This table's limit: ``limit_s``, or less to leave the tables after it their share."""
+def table_limit(limit_s: float, deadline: float | None, tables_after: int,
+                reserve_s: float = 0.0) -> float:
+    """This table's limit: ``limit_s``, or less so that each table after it keeps
+    ``reserve_s`` of what is left before ``deadline`` (a table that finishes early leaves the
+    rest to the later ones)."""
     if deadline is None:
         return limit_s
-    return max(0.0, min(limit_s, (deadline - time.monotonic()) / max(1, tables_left)))
+    return max(0.0, min(limit_s, deadline - time.monotonic() - reserve_s * tables_after))
 
 
 def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
@@ -315,13 +326,14 @@ def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
     except (ValueError, IndexError) as exc:
         log(f"record_tables: bad --shapes: {exc}")
         return 2
-    timing = TimingOptions(**TIMING)  # type: ignore[arg-type]
+    timing = TimingOptions(**{**TIMING, "compile_timeout_s": args.compile_timeout})
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     deadline = None if args.total_seconds is None else time.monotonic() + args.total_seconds
     written = 0
     for i, (shape, dtype) in enumerate(shapes):
-        limit = table_limit(args.limit_seconds, deadline, len(shapes) - i)
+        limit = table_limit(args.limit_seconds, deadline, len(shapes) - i - 1,
+                            args.reserve_seconds)
         if deadline is not None and limit < MIN_TABLE_S:
             log(f"{args.kernel} {shape} {dtype}: skipped, no time left of --total-seconds")
             continue

@@ -181,8 +181,11 @@ def run_jobs(jobs: list[Job], processes: int) -> Iterable[tuple[str, bool, str, 
     if processes <= 1:
         yield from map(one_run, jobs)
         return
+    # the slow strategies' runs first, one job at a time: no process is left with a run of
+    # them at the end while the others idle (a GP run on a 405-config table: ~140 s here)
+    ordered = sorted(jobs, key=lambda job: job[1] not in SLOW)
     with ProcessPoolExecutor(processes) as pool:
-        yield from pool.map(one_run, jobs, chunksize=1 if len(jobs) < 64 else 4)
+        yield from pool.map(one_run, ordered)
 
 
 def report(args: argparse.Namespace, argv: Sequence[str], paths: list[str],

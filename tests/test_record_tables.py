@@ -126,7 +126,10 @@ def test_shape_specs_names_and_limits():
     assert table_limit(150.0, None, 3) == 150.0
     import time
 
-    assert 29.0 < table_limit(150.0, time.monotonic() + 90.0, 3) <= 30.0
+    # 100 s left, two tables after this one keep 30 s each: this one may use 40 s
+    assert 39.0 < table_limit(150.0, time.monotonic() + 100.0, 2, 30.0) <= 40.0
+    assert table_limit(20.0, time.monotonic() + 100.0, 2, 30.0) == 20.0
+    assert table_limit(150.0, time.monotonic() + 50.0, 2, 30.0) == 0.0
 
 
 # -- bench/search_quality.py --------------------------------------------------------------------
@@ -183,3 +186,12 @@ def test_search_quality_replays_a_kernels_tables_with_every_strategy(tmp_path: P
         assert float(cells[5]) <= float(cells[2])  # more trials never do worse
     # --kernel selects by the table's kernel: none of these is matmul
     assert quality(["--kernel", "matmul", "--tables-dir", "", str(tmp_path / "*.json")]) == 2
+
+
+def test_tables_without_time_left_of_the_total_are_skipped_not_started(tmp_path: Path):
+    lines: list[str] = []
+    code = main(["--kernel", "softmax", "--shapes", "M=4,N=33:float32;M=2,N=64:float32",
+                 "--out-dir", str(tmp_path), "--backend", "interpret", "--total-seconds", "5"],
+                log=lines.append)
+    assert code == 1 and not list(tmp_path.iterdir())
+    assert sum("skipped, no time left" in line for line in lines) == 2

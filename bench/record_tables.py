@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
     for i, (shape, dtype) in enumerate(shapes):
         limit = table_limit(args.limit_seconds, deadline, len(shapes) - i - 1,
                             args.reserve_seconds)
-        if deadline is not None and limit < MIN_TABLE_S:
+        if deadline is not None and limit < min(MIN_TABLE_S, args.limit_seconds):
             log(f"{args.kernel} {shape} {dtype}: skipped, no time left of --total-seconds")
             continue
         try:

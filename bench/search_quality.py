@@ -95,6 +95,23 @@ def per_table(title: str, rows: dict[tuple[str, str], list[list[float]]],
     return lines + [""]
 
 
+def by_kernel(title: str, rows: dict[tuple[str, str], list[list[float]]],
+              kernels: dict[str, str], budgets: Sequence[int] = BUDGETS) -> list[str]:
+    """Median ratio @first / @last budget per kernel (over its tables x seeds) and strategy."""
+    strategies = sorted({s for s, _ in rows})
+    lines = [f"#### {title}: median ratio @{budgets[0]} / @{budgets[-1]} per kernel", "",
+             "| kernel | " + " | ".join(strategies) + " |", "|---|" + "---|" * len(strategies)]
+    for kernel in sorted(set(kernels.values())):
+        cells = []
+        for s in strategies:
+            v = [x for (s2, path), runs in rows.items() if s2 == s and kernels[path] == kernel
+                 for x in runs]
+            cells.append(f"{statistics.median([x[0] for x in v]):.3f} / "
+                         f"{statistics.median([x[-1] for x in v]):.3f}" if v else "-")
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def table_paths(tables_dir: str, patterns: Iterable[str]) -> list[str]:
     """``*.json`` of ``tables_dir`` ('' for none) plus each path or glob, once each."""
     paths = [str(p) for p in sorted(Path(tables_dir).glob("*.json"))] if tables_dir else []
@@ -191,6 +208,7 @@ def run_jobs(jobs: list[Job], processes: int) -> Iterable[tuple[str, bool, str, 
 def report(args: argparse.Namespace, argv: Sequence[str], paths: list[str],
            ratios: dict[bool, Ratios], rows: dict[bool, dict[tuple[str, str], list[list[float]]]],
            seeds: dict[str, int], budgets: tuple[int, ...], wall: float) -> str:
+    from tuner.backends.replay import load_table
     from tuner.strategies import DEFAULT_STRATEGY, DEFAULT_STRATEGY_WITHOUT_PRIOR
 
     command = "python3 -m bench.search_quality " + " ".join(argv)
@@ -208,6 +226,9 @@ def report(args: argparse.Namespace, argv: Sequence[str], paths: list[str],
     if not args.cold_only:
         lines += section("warm: the kernel's known-good configs first (the product's default)",
                          ratios[True], seeds, len(paths), budgets)
+    kernels = {p: load_table(p).kernel for p in paths}
+    if len(set(kernels.values())) > 1:
+        lines += by_kernel("cold", rows[False], kernels, budgets)
     lines += per_table("cold", rows[False], paths, budgets)
     if not args.cold_only:
         lines += per_table("warm", rows[True], paths, budgets)

@@ -186,6 +186,14 @@ def test_search_quality_replays_a_kernels_tables_with_every_strategy(tmp_path: P
         assert float(cells[5]) <= float(cells[2])  # more trials never do worse
     # --kernel selects by the table's kernel: none of these is matmul
     assert quality(["--kernel", "matmul", "--tables-dir", "", str(tmp_path / "*.json")]) == 2
+    # without it, each table is searched as its own kernel, and the report sums up per kernel
+    matmul = Path(__file__).resolve().parent / "data/replay/matmul_16x4096x4096_float16_h200.json"
+    assert quality(["--strategies", "model", "--seeds", "1", "--budgets", "4,8", "--cold-only",
+                    "--jobs", "1", "--tables-dir", "", "--out", str(out),
+                    str(tmp_path / "softmax_*.json"), str(matmul)]) == 0
+    text = out.read_text()
+    per_kernel = text[text.index("per kernel"):text.index("per table")]
+    assert "| matmul | " in per_kernel and "| softmax | " in per_kernel
 
 
 def test_tables_without_time_left_of_the_total_are_skipped_not_started(tmp_path: Path):

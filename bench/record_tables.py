@@ -261,9 +261,9 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
     try:
         ms = baseline_ms(kernel, shape, dtype, backend_kind)
         if ms is not None:
-            label_ = BASELINE_LABELS.get(name, f"torch ({name}.torch_baseline)")
-            table["reference_ms"] = {label_ + ("" if backend_kind == "cuda" else " on cpu"):
-                                     round(ms, 6)}
+            label_ = (BASELINE_LABELS.get(name, f"torch ({name}.torch_baseline)")
+                      if backend_kind == "cuda" else f"torch on the cpu ({name}.torch_baseline)")
+            table["reference_ms"] = {label_: round(ms, 6)}
     except Exception as exc:  # noqa: BLE001 - the table is worth keeping without it
         log(f"[{label}] torch baseline failed: {type(exc).__name__}: {exc}")
     ok = sorted(r["ms"] for r in table["results"] if "ms" in r)

@@ -70,7 +70,7 @@ def test_the_whole_space_is_recorded_pruned_configs_included():
     assert table["coverage"] == {**table["coverage"], "space": 12, "measured": 12,
                                  "complete": True, "constraint_pruned": 10}
     assert "CUT" not in table["timing"] and table["kernel"] == "softmax"
-    assert list(table["reference_ms"]) == ["torch.softmax on cpu"]
+    assert list(table["reference_ms"]) == ["torch on the cpu (softmax.torch_baseline)"]
     parsed = parse_table(json.loads(json.dumps(table)))
     assert parsed.kernel == "softmax" and parsed.shape == shape and len(parsed.results) == 12
     some = next(iter(configs))

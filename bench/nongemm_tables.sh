@@ -115,7 +115,8 @@ for path in sorted(Path(sys.argv[1]).glob("*.json")):
     cov = t.get("coverage", {})
     ok = [r["ms"] for r in t["results"] if "ms" in r]
     print(f"{path.name}: {cov.get('measured')}/{cov.get('space')} configs "
-          f"({'the whole space' if cov.get('complete') else 'CUT'}, {cov.get('wall_s')} s), "
+          f"({'the whole space' if cov.get('complete') else 'INCOMPLETE: ' + str(cov.get('stopped'))}"
+          f", {cov.get('wall_s')} s), "
           f"{len(ok)} ok, best {min(ok):.4f} ms, torch {t.get('reference_ms') or '-'}")
 PY
 exit $status

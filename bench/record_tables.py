@@ -175,7 +175,7 @@ def _time_baseline(fn: Callable[[Any], None], inputs: Any, device: str) -> float
     return sorted(samples)[2]
 
 
-def timing_note(backend: str, done: int, total: int, wall: float, limit_s: float,
+def timing_note(backend: str, done: int, total: int, wall: float, stopped: str,
                 compile_timeout_s: float = 30.0) -> str:
     if backend == "cuda":
         how = ("pipeline: triton.testing.do_bench(warmup=5 ms, rep=20 ms; a config over 2x the "
@@ -185,7 +185,7 @@ def timing_note(backend: str, done: int, total: int, wall: float, limit_s: float
     else:
         how = ("Triton CPU interpreter through the pipeline, median wall time of 3 runs (not a "
                "GPU timing); output verified against the kernel's reference first")
-    cut = (f"; CUT at the {limit_s:.0f} s limit: a seeded random sample of the space"
+    cut = (f"; INCOMPLETE ({stopped}): a seeded random sample of the space"
            if done < total else "")
     return f"{how}; {done} of {total} configs of the whole space in {wall:.0f} s{cut}"
 
@@ -198,28 +198,32 @@ def _progress(label: str, measured: list, total: int, t0: float) -> str:
 
 
 def measure_space(backend: Any, configs: list, limit_s: float, t0: float, label: str,
-                  batch: int, log: Log = _print) -> list:
+                  batch: int, log: Log = _print) -> tuple[list, str]:
     """Measure ``configs`` in batches until done or ``limit_s`` after ``t0`` (the first batch
-    always: a slow start still leaves a table)."""
+    always: a slow start still leaves a table). Returns the measurements and why it stopped
+    early ("" when it did not)."""
     from tuner.errors import WorkerDied
 
     measured: list = []
-    shown = t0
+    shown, stopped = t0, ""
     for i in range(0, len(configs), batch):
         if i and time.monotonic() - t0 > limit_s:
-            log(f"[{label}] wall-clock limit of {limit_s:.0f} s reached")
+            stopped = f"cut at the {limit_s:.0f} s limit"
             break
         try:
             measured += backend.measure(configs[i:i + batch])
         except WorkerDied as exc:
-            log(f"[{label}] the device is unusable, stopping: {exc}")
+            stopped = f"the device became unusable: {exc}"
             break
         except Exception as exc:  # noqa: BLE001 - one bad batch must not lose the table
             log(f"[{label}] batch {i // batch} failed: {type(exc).__name__}: {exc}")
+            stopped = f"batch {i // batch} failed: {type(exc).__name__}"
         if time.monotonic() - shown >= PROGRESS_EVERY_S or i + batch >= len(configs):
             shown = time.monotonic()
             log(_progress(label, measured, len(configs), t0))
-    return measured
+    if stopped:
+        log(f"[{label}] {stopped}")
+    return measured, stopped
 
 
 def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: float,
@@ -245,16 +249,17 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
         log(f"[{label}] {len(configs)} configs ({len(pruned)} that the constraints would "
             f"prune) on {fp.name}, limit {limit_s:.0f} s")
         size = batch or max(8, 4 * int(getattr(backend, "preferred_batch", 1)))
-        measured = measure_space(backend, configs, limit_s, t0, label, size, log)
+        measured, stopped = measure_space(backend, configs, limit_s, t0, label, size, log)
     finally:
         backend.close()
     wall = time.monotonic() - t0
     coverage = {"space": len(configs), "measured": len(measured),
                 "complete": len(measured) == len(configs), "limit_s": round(limit_s, 1),
-                "wall_s": round(wall, 1), "constraint_pruned": len(pruned)}
+                "wall_s": round(wall, 1), "constraint_pruned": len(pruned),
+                "stopped": stopped}
     note = (f"{getattr(kernel, 'description', name)}; every config of its space, including "
             "those its constraints prune (their reason under \"constraint\")")
-    how = timing_note(backend_kind, len(measured), len(configs), wall, limit_s,
+    how = timing_note(backend_kind, len(measured), len(configs), wall, stopped,
                       float(getattr(timing, "compile_timeout_s", 30.0)))
     table = table_of(shape, dtype, measured, fp, how, kernel=name, kernel_note=note,
                      constraints=pruned, params=sorted(space.names), coverage=coverage)
@@ -269,7 +274,7 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
     ok = sorted(r["ms"] for r in table["results"] if "ms" in r)
     file_name = table_name(shape, dtype, name, device_tag(fp))
     summary = (f"{file_name}: {len(measured)}/"
-               f"{len(configs)} configs{'' if coverage['complete'] else ' (CUT by the limit)'} "
+               f"{len(configs)} configs{f' ({stopped})' if stopped else ''} "
                f"in {wall:.1f} s; {len(ok)} ok, best "
                f"{ok[0] if ok else float('nan'):.4f} ms, torch {table['reference_ms']}")
     return table, file_name, summary

@@ -139,8 +139,8 @@ def describe_tables(paths: list[str]) -> list[str]:
         raw = json.loads(Path(path).read_text())
         cov = raw.get("coverage", {})
         if cov:
-            whole = ("yes" if cov.get("complete")
-                     else f"no: {cov.get('measured')} of {cov.get('space')}")
+            whole = ("yes" if cov.get("complete") else f"no: {cov.get('measured')} of "
+                     f"{cov.get('space')} ({cov.get('stopped') or 'cut'})")
         else:  # recorded before tables said: only the timing note tells
             whole = "no: cut" if "cut" in str(raw.get("timing", "")).lower() else "-"
         torch_ms = ", ".join(f"{v:.4f}" for v in t.reference_ms.values()) or "-"

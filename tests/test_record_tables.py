@@ -69,7 +69,8 @@ def test_the_whole_space_is_recorded_pruned_configs_included():
     assert all("ms" in r for r in table["results"])
     assert table["coverage"] == {**table["coverage"], "space": 12, "measured": 12,
                                  "complete": True, "constraint_pruned": 10}
-    assert "CUT" not in table["timing"] and table["kernel"] == "softmax"
+    assert "INCOMPLETE" not in table["timing"] and table["kernel"] == "softmax"
+    assert table["coverage"]["stopped"] == "" and "limit" not in summary
     assert list(table["reference_ms"]) == ["torch on the cpu (softmax.torch_baseline)"]
     parsed = parse_table(json.loads(json.dumps(table)))
     assert parsed.kernel == "softmax" and parsed.shape == shape and len(parsed.results) == 12
@@ -88,11 +89,12 @@ def test_the_command_records_a_table_and_says_when_the_limit_cut_it(tmp_path: Pa
     assert table["format"] == "replay-v1" and table["shape"] == {"M": 4, "N": 33}
     cov = table["coverage"]
     assert cov["space"] == 405 and 0 < cov["measured"] < 405 and not cov["complete"]
-    assert "CUT at the 4 s limit" in table["timing"]
+    assert "INCOMPLETE (cut at the 4 s limit)" in table["timing"]
+    assert cov["stopped"] == "cut at the 4 s limit"
     # on N=33 the constraints prune 360 of the 405 configs: a random sample holds many
     assert sum("constraint" in r for r in table["results"]) > cov["measured"] // 2
     assert load_table(path).best_ms > 0
-    assert any("wall-clock limit" in line for line in lines)
+    assert any("cut at the 4 s limit" in line for line in lines)
     assert any(line.startswith("[softmax 4x33 float32]") for line in lines)
 
 

@@ -13,7 +13,7 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   fi
 fi
 scripts/setup.sh playwright
-.venv/bin/ruff check tuner search_spaces api db tests bench
+.venv/bin/ruff check tuner search_spaces api db tests bench examples
 .venv/bin/mypy tuner search_spaces api db
 if [ -z "${TUNER_TEST_POSTGRES_URL:-}" ] && command -v pg_isready >/dev/null \
     && pg_isready -q -h 127.0.0.1 -p 5432; then

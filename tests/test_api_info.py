@@ -26,8 +26,10 @@ def test_devices_appear_once_a_worker_ran(api_client, api_db_url):
 
 def test_healthz_reports_workers_seen_and_the_queue(api_client, api_db_url):
     empty = api_client.get("/healthz").json()
-    assert empty == {"status": "ok", "workers": {"devices": [], "running": [],
-                                                  "queued_tasks": 0}}
+    assert empty["status"] == "ok" and empty["workers"] == {"devices": [], "running": [],
+                                                            "queued_tasks": 0}
+    assert {"matmul", "softmax"} <= set(empty["plugins"]["kernels"])
+    assert empty["plugins"]["errors"] == []
     api_client.post("/api/v1/jobs", json=JOB)
     assert api_client.get("/healthz").json()["workers"]["queued_tasks"] == 1
     run_worker_once(api_db_url)

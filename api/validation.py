@@ -7,6 +7,7 @@ from typing import Any
 
 from search_spaces import get_kernel
 from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
+from tuner.kernel import TunableKernel
 from tuner.shapes import validate_shape
 from tuner.strategies import strategy_names
 
@@ -14,7 +15,7 @@ from tuner.strategies import strategy_names
 INTERPRETER_KEY = "interpret:cpu"
 
 
-def kernel_or_error(name: str, field: str = "kernel") -> Any:
+def kernel_or_error(name: str, field: str = "kernel") -> TunableKernel:
     try:
         return get_kernel(name)
     except InvalidRequest as exc:
@@ -22,13 +23,14 @@ def kernel_or_error(name: str, field: str = "kernel") -> Any:
         raise
 
 
-def check_dtype(kernel: Any, dtype: str, field: str = "dtype") -> None:
+def check_dtype(kernel: TunableKernel, dtype: str, field: str = "dtype") -> None:
     if dtype not in kernel.dtypes:
         raise UnsupportedDtype(f"dtype {dtype!r} is not supported by {kernel.name}; choose one "
                                f"of {', '.join(kernel.dtypes)}", field=field)
 
 
-def check_interpreter_dtype(kernel: Any, dtype: str, backend: str, device: str | None) -> None:
+def check_interpreter_dtype(kernel: TunableKernel, dtype: str, backend: str,
+                            device: str | None) -> None:
     """A job pinned to the CPU interpreter cannot verify dtypes the interpreter computes wrongly
     (it would only fail on the worker, minutes later)."""
     pinned = backend == "interpret" or device == INTERPRETER_KEY
@@ -38,7 +40,7 @@ def check_interpreter_dtype(kernel: Any, dtype: str, backend: str, device: str |
                                "another dtype", field="dtype")
 
 
-def check_shape(kernel: Any, shape: Mapping[str, Any], field: str) -> dict[str, int]:
+def check_shape(kernel: TunableKernel, shape: Mapping[str, Any], field: str) -> dict[str, int]:
     """The validated shape; errors carry ``field.<dim>`` (or ``<dim>`` when field is "")."""
     try:
         return validate_shape(kernel.dims, shape)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
+from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 from tuner.shapes import parse_shape, shape_label, validate_shape
 
@@ -33,7 +34,7 @@ def _session_factory(settings: Settings) -> Any:
     return init_db(settings.resolved_database_url)
 
 
-def check_dtype(kernel: Any, dtype: str, backend: str) -> None:
+def check_dtype(kernel: TunableKernel, dtype: str, backend: str) -> None:
     if dtype not in kernel.dtypes:
         raise UnsupportedDtype(f"dtype {dtype!r} is not supported by {kernel.name}; choose one "
                                f"of {', '.join(kernel.dtypes)}", field="dtype")
@@ -128,7 +129,7 @@ class _Progress:
             self.bar.close()
 
 
-def _summary(kernel: Any, shape: dict[str, int], dtype: str, backend: str, outcome: Any,
+def _summary(kernel: TunableKernel, shape: dict[str, int], dtype: str, backend: str, outcome: Any,
              wall: float) -> dict[str, Any]:
     result = outcome.result
     best = result.best if result else None

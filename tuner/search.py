@@ -15,10 +15,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from tuner.backends.base import Backend
 from tuner.config import KernelConfig
+from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext, SearchSpace
 from tuner.strategies import kernel_has_prior, kernel_prior, make_strategy, resolve_strategy
@@ -79,7 +79,8 @@ TrialCallback = Callable[[int, Measurement], None]
 
 
 class SearchLoop:
-    def __init__(self, kernel: Any, shape: Mapping[str, int], dtype: str, backend: Backend,
+    def __init__(self, kernel: TunableKernel, shape: Mapping[str, int], dtype: str,
+                 backend: Backend,
                  options: SearchOptions, on_trial: TrialCallback | None = None,
                  should_stop: Callable[[], bool] | None = None) -> None:
         self.backend, self.options = backend, options
@@ -237,7 +238,7 @@ class SearchLoop:
                         max_error=by_config[r.config].max_error) for r in retimed]
 
 
-def run_search(kernel: Any, shape: Mapping[str, int], dtype: str, backend: Backend,
+def run_search(kernel: TunableKernel, shape: Mapping[str, int], dtype: str, backend: Backend,
                options: SearchOptions, on_trial: TrialCallback | None = None,
                should_stop: Callable[[], bool] | None = None) -> SearchResult:
     """Search ``kernel``'s space on ``backend`` for the fastest verified config."""

@@ -27,6 +27,7 @@ from tuner.backends import TimingOptions, open_backend
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied
+from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.search import SearchOptions, SearchResult, run_search
 from tuner.settings import Settings
@@ -56,7 +57,7 @@ def _measurement_of(trial: Any) -> Measurement:
         max_error=trial.max_error)
 
 
-def warm_start_configs(session: Session, kernel: Any, device_key: str, dtype: str,
+def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str, dtype: str,
                        shape: dict[str, int], space: Any) -> list[KernelConfig]:
     """Stored bests first (nearest shapes on this device, then this shape on other devices),
     then the kernel's known-good configs and its default."""
@@ -82,7 +83,7 @@ def warm_start_configs(session: Session, kernel: Any, device_key: str, dtype: st
 _CALIBRATED_DTYPES = ("float16", "bfloat16")
 
 
-def roofline_floor_ms(kernel: Any, shape: Mapping[str, int], dtype: str,
+def roofline_floor_ms(kernel: TunableKernel, shape: Mapping[str, int], dtype: str,
                       copy_gbps: float | None, matmul_tflops: float | None) -> float | None:
     """The fastest the device's measured ceilings allow: the larger of the time to move the
     kernel's bytes at the copy bandwidth and (for 16-bit dtypes, which the matmul calibration
@@ -131,7 +132,7 @@ def job_seed(options: dict[str, Any]) -> int:
     return int(options.get("seed") or 0)
 
 
-def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel: Any,
+def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel: TunableKernel,
                       shape: dict[str, int], dtype: str, backend: Any,
                       options_base: dict[str, Any], resume: list[Measurement],
                       on_trial: Callable[[int, Measurement], None] | None,
@@ -174,8 +175,8 @@ def _no_best_reason(result: SearchResult) -> str:
     return f"no config ran correctly ({counts})"
 
 
-def _store_best(factory: SessionFactory, task_id: int, kernel: Any, shape: dict[str, int],
-                dtype: str, fp: Any, result: SearchResult) -> bool:
+def _store_best(factory: SessionFactory, task_id: int, kernel: TunableKernel,
+                shape: dict[str, int], dtype: str, fp: Any, result: SearchResult) -> bool:
     best = result.best
     if best is None or best.p50_ms is None:
         return False

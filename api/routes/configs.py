@@ -27,6 +27,7 @@ from api.schemas import (
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo
 from tuner.errors import InvalidRequest
+from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 
 router = APIRouter(prefix="/configs", tags=["configs"])
@@ -45,7 +46,7 @@ _DIMS_PARAMETER = {
 }
 
 
-def _public(served: repo.Served, kernel: Any, dtype: str,
+def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
             shape: dict[str, int]) -> ConfigPublic:
     row = served.row
     distance = None if served.match == "exact" else round(served.distance, 4)
@@ -64,7 +65,7 @@ class Lookup:
         self._candidates: dict[tuple[str, str, str], list[repo.Candidate]] = {}
         self._versions: dict[str, str] = {}  # a kernel's version hashes its source: once
 
-    def registered_version(self, kernel: Any) -> str:
+    def registered_version(self, kernel: TunableKernel) -> str:
         if kernel.name not in self._versions:
             self._versions[kernel.name] = str(kernel.version)
         return self._versions[kernel.name]
@@ -76,7 +77,7 @@ class Lookup:
                 self.session, kernel=kernel, kernel_version=kernel_version, dtype=dtype)
         return self._candidates[key]
 
-    def answer(self, kernel: Any, dtype: str, shape: dict[str, int], device: str | None,
+    def answer(self, kernel: TunableKernel, dtype: str, shape: dict[str, int], device: str | None,
                kernel_version: str | None, triton_version: str | None) -> ConfigPublic:
         candidates = self.candidates(kernel.name,
                                      kernel_version or self.registered_version(kernel), dtype)
@@ -89,7 +90,7 @@ class Lookup:
                             device=device, config=default)
 
 
-def _query_shape(request: Request, kernel: Any) -> dict[str, int]:
+def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
     """The problem shape given as query parameters (``M=4096&N=4096&K=4096``)."""
     raw: dict[str, Any] = {}
     for name, value in request.query_params.items():

@@ -27,6 +27,7 @@ from api.validation import (
 from db import repo
 from db.models import Job, Trial
 from tuner.errors import InvalidRequest
+from tuner.kernel import TunableKernel
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -49,7 +50,8 @@ def job_public(job: Job) -> JobPublic:
                      url=job_url(job.id), tasks=tasks)
 
 
-def _validated_shapes(kernel: Any, body: JobCreate, max_shapes: int) -> list[dict[str, int]]:
+def _validated_shapes(kernel: TunableKernel, body: JobCreate,
+                      max_shapes: int) -> list[dict[str, int]]:
     if len(body.shapes) > max_shapes:
         raise InvalidRequest(f"a job takes at most {max_shapes} shapes", field="shapes")
     shapes = [check_shape(kernel, s, f"shapes.{i}") for i, s in enumerate(body.shapes)]

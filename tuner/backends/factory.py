@@ -7,6 +7,7 @@ from typing import Any
 from tuner.backends.base import Backend, TimingOptions
 from tuner.device import cuda_available_without_init
 from tuner.errors import BackendUnavailable
+from tuner.kernel import TunableKernel
 
 BACKEND_KINDS = ("auto", "cuda", "interpret", "replay")
 
@@ -23,7 +24,8 @@ def resolve_backend_kind(kind: str) -> str:
     return kind
 
 
-def open_backend(kind: str, kernel: Any, shape: dict[str, int], dtype: str, *, seed: int = 0,
+def open_backend(kind: str, kernel: TunableKernel, shape: dict[str, int], dtype: str, *,
+                 seed: int = 0,
                  replay_table: Any = None, device_index: int = 0,
                  timing: TimingOptions | None = None,
                  compile_workers: int | None = None) -> Backend:

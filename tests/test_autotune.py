@@ -21,6 +21,7 @@ from db import repo
 from db.engine import init_db
 from tests.api_support import INTERPRETER, run_worker_once, running_app
 from tests.plugins import registered
+from tests.test_client import CountingTransport
 from tuner.autotuning import Autotuned
 from tuner.client import TunerClient
 from tuner.config import KernelConfig
@@ -34,16 +35,6 @@ IN_SERVICE = {"M": 5, "N": 40}
 NOWHERE = {"M": 6, "N": 40}
 FILE_CONFIG = KernelConfig(BLOCK_M=2, BLOCK_N=64, num_warps=4, num_stages=1)
 SERVICE_CONFIG = KernelConfig(BLOCK_M=4, BLOCK_N=128, num_warps=2, num_stages=2)
-
-
-class CountingTransport(httpx.HTTPTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: list[str] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.paths.append(request.url.path)
-        return super().handle_request(request)
 
 
 def cpu_bench(fn: Any, quantiles: Any = None, **_: Any) -> Any:

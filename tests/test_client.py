@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,11 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
 from search_spaces import get_kernel
-from tests.api_support import INTERPRETER, SHAPE, run_worker_once
+from tests.api_support import INTERPRETER, SHAPE, run_worker_once, running_app
 from tuner.client import TunerClient, TunerClientError
 from tuner.config import KernelConfig
 from tuner.settings import Settings
@@ -42,21 +39,8 @@ class Service:
 def running_service(tmp_path: Path, **settings: Any) -> Iterator[Service]:
     """The app served by uvicorn on a free local port, in a thread."""
     db_url = f"sqlite:///{tmp_path / 'client.db'}"
-    port = free_port()
-    config = uvicorn.Config(create_app(Settings(database_url=db_url, **settings)),
-                            host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield Service(f"http://127.0.0.1:{port}", db_url)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with running_app(Settings(database_url=db_url, **settings)) as url:
+        yield Service(url, db_url)
 
 
 @pytest.fixture

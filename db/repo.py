@@ -673,6 +673,17 @@ def _closest(candidates: Sequence[Candidate], key: str, logs: Mapping[str, float
     return best.row, 0.0 if exact else distance(best)
 
 
+def best_configs_version(session: Session) -> tuple[Any, ...]:
+    """A fingerprint of what ``serving_candidates`` reads, in one aggregate query: the number
+    of bests, their largest id and latest ``updated_at`` (a best stored, replaced or removed
+    changes one), and the number of devices (a device's kind decides what is served to
+    others). The serving index (``api/serving.py``) reloads when it changes."""
+    devices = select(func.count()).select_from(Device).scalar_subquery()
+    row = session.execute(select(func.count(BestConfig.id), func.max(BestConfig.id),
+                                 func.max(BestConfig.updated_at), devices)).one()
+    return tuple(row)
+
+
 # -- misses: lookups not served exactly, and the jobs queued to tune them ---------------------
 
 #: a miss whose job failed or was cancelled is queued again when reported after this long

@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     workers: int = -1
     #: backend of the workers ``tuner serve`` starts
     backend: str = "auto"
+    #: API processes (uvicorn workers) ``tuner serve`` starts: 0 = one per CPU core, at most 8
+    api_workers: int = Field(default=2, ge=0)
+    #: seconds between an API process's checks that the stored best configs changed (its
+    #: in-memory serving index, ``api/serving.py``); 0: every lookup reads the database
+    serving_refresh_s: float = Field(default=0.5, ge=0)
     max_trials: int = Field(default=2000, gt=0)
     max_shapes_per_job: int = Field(default=256, gt=0)
     #: workers stop a search after this many trials without an improvement beyond the noise

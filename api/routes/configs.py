@@ -1,16 +1,19 @@
 """Tuned configs for clients, matched to the caller's identity (device, kernel source version,
 Triton minor version) down a ladder: exact, nearest shape, another Triton minor, another GPU,
-the kernel's default. The bulk query can also report what was not exact as misses to tune."""
+the kernel's default. The bulk query can also report what was not exact as misses to tune.
+
+Lookups are answered from the process's serving index (``api/serving.py``): no database query
+per lookup; a bulk query's items cost O(candidates of their kernel and dtype) each, the exact
+shape found by a dict lookup. Misses are still recorded in the database."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, _presented_key
 from api.errors import QueryError, as_query_error
@@ -24,6 +27,7 @@ from api.schemas import (
     Match,
     MissOutcome,
 )
+from api.serving import ServingIndex, serving_index
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo
 from tuner.errors import InvalidRequest
@@ -31,6 +35,7 @@ from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 
 router = APIRouter(prefix="/configs", tags=["configs"])
+IndexDep = Annotated[ServingIndex, Depends(serving_index)]
 
 #: query parameters of GET /configs that are not problem dimensions
 _NON_DIMS = {"kernel", "dtype", "device", "kernel_version", "triton_version"}
@@ -57,32 +62,23 @@ def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
 
 
 class Lookup:
-    """Answers lookups, reading each (kernel, kernel version, dtype)'s stored bests once per
-    request: a bulk query of thousands of shapes is one query per kernel and dtype."""
+    """Answers the lookups of one request from the serving index, taking each (kernel,
+    kernel version, dtype)'s group once: a bulk query sees one state of the store."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self._candidates: dict[tuple[str, str, str], list[repo.Candidate]] = {}
-        self._versions: dict[str, str] = {}  # a kernel's version hashes its source: once
+    def __init__(self, index: ServingIndex) -> None:
+        self.index = index
+        self._groups: dict[tuple[str, str, str], Any] = {}
 
     def registered_version(self, kernel: TunableKernel) -> str:
-        if kernel.name not in self._versions:
-            self._versions[kernel.name] = str(kernel.version)
-        return self._versions[kernel.name]
-
-    def candidates(self, kernel: str, kernel_version: str, dtype: str) -> list[repo.Candidate]:
-        key = (kernel, kernel_version, dtype)
-        if key not in self._candidates:
-            self._candidates[key] = repo.serving_candidates(
-                self.session, kernel=kernel, kernel_version=kernel_version, dtype=dtype)
-        return self._candidates[key]
+        return self.index.registered_version(kernel)
 
     def answer(self, kernel: TunableKernel, dtype: str, shape: dict[str, int], device: str | None,
                kernel_version: str | None, triton_version: str | None) -> ConfigPublic:
-        candidates = self.candidates(kernel.name,
-                                     kernel_version or self.registered_version(kernel), dtype)
-        served = repo.serve_best(candidates, shape=shape, device_key=device,
-                                 triton_version=triton_version)
+        key = (kernel.name, kernel_version or self.registered_version(kernel), dtype)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = self.index.group(*key)
+        served = group.serve(shape, device, triton_version)
         if served is not None:
             return _public(served, kernel, dtype, shape)
         default = kernel.default_config(shape, dtype).to_dict()
@@ -111,7 +107,7 @@ def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
             responses={404: {"model": ConfigPublic,
                              "description": "nothing tuned applies: the body carries the "
                                             "kernel's default (``match: default``)"}})
-def get_config(request: Request, session: SessionDep,
+def get_config(request: Request, index: IndexDep,
                kernel: str = Query(max_length=100, examples=["matmul"]),
                dtype: str = Query(max_length=20, examples=["float16"]),
                device: str | None = Query(None, max_length=DEVICE_KEY_MAX,
@@ -150,12 +146,11 @@ def get_config(request: Request, session: SessionDep,
         check_dtype(k, dtype)
     except InvalidRequest as exc:
         raise as_query_error(exc) from None
-    result = Lookup(session).answer(k, dtype, _query_shape(request, k), device, kernel_version,
+    result = Lookup(index).answer(k, dtype, _query_shape(request, k), device, kernel_version,
                                     triton_version)
     if result.match == "default":
         return JSONResponse(result.model_dump(), status_code=404)
     return result
-
 
 
 def _checked(items: Sequence[ConfigQueryItem]) -> list[tuple[Any, dict[str, int]]]:
@@ -187,12 +182,12 @@ def _limits(settings: Settings) -> repo.MissLimits:
 
 @router.post("/query", response_model=ConfigsPublic, dependencies=[ReadAccess])
 def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
-                  settings: SettingsDep) -> ConfigsPublic:
+                  settings: SettingsDep, index: IndexDep) -> ConfigsPublic:
     """Many lookups in one request (model start-up): 200 with one answer per item, in order,
     each matched to the item's ``device``, ``kernel_version`` and ``triton_version`` as
     GET /configs does (``exact``, ``nearest``, ``other-triton``, ``other-device``, or
-    ``default``: never a 404). A malformed item is a 422 naming it
-    (``["body", "items", i, ...]``), and then nothing is recorded.
+    ``default``: never a 404). At most 4,096 items (more: a 422 naming ``items``). A malformed
+    item is a 422 naming it (``["body", "items", i, ...]``), and then nothing is recorded.
 
     With ``report_misses``, every item not answered ``exact`` is recorded as a miss
     (GET /misses) and, when it can be, queued once as a tuning job on the caller's ``device``;
@@ -204,7 +199,7 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
     running), ``kernel-version-mismatch`` (the caller's kernel is not the one registered here:
     tuning would tune other code), ``no-device`` (no device to tune on).
     """
-    lookup = Lookup(session)
+    lookup = Lookup(index)
     client = caller_id(request, body.client) if body.report_misses else ""
     data = []
     for item, (k, shape) in zip(body.items, _checked(body.items), strict=True):

@@ -1,0 +1,241 @@
+"""The serving index: each API process's in-memory copy of the stored best configs, so that a
+lookup (``GET /configs``, each item of ``POST /configs/query``) costs no database query.
+
+Candidates (``repo.serving_candidates``: the bests of one kernel, kernel version and dtype, on
+every device, with their log2 shapes) are loaded per (kernel, kernel version, dtype) on first
+use and kept, grouped by device and by (device, shape key) so that an exact hit ranks only the
+rows of that shape. Answers come from ``repo.serve_best`` over the subset that can match the
+caller, which is exactly what it returns over all of them (see ``Group.serve``).
+
+Freshness: at most every ``refresh_s`` seconds (``TUNER_SERVING_REFRESH_S``, default 0.5) a
+lookup asks the database for ``repo.best_configs_version`` (one aggregate query: count, largest
+id and latest ``updated_at`` of the bests, and the number of devices); when it changed, every
+group is dropped and reloaded on its next use. So a best stored by another process (a worker,
+another API replica or uvicorn worker) is served at most ``refresh_s`` after its commit. A
+write made through this process (a session of this process committing an INSERT, UPDATE or
+DELETE of a best or a device) drops the groups at once. ``refresh_s = 0`` turns the index off:
+every lookup reads the database, as before the index (``bench/serving_load.py --no-index``).
+What the version does not see: a replaced best whose new ``updated_at`` is older than the
+newest one stored (a writer whose clock lags the others') shows up at the next other change.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+from fastapi import FastAPI, Request
+from sqlalchemy import event
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from db import repo
+from db.models import BestConfig, Device
+from tuner.identity import same_triton_minor
+from tuner.shapes import shape_key
+
+#: default seconds between two version checks of one process's index
+DEFAULT_REFRESH_S = 0.5
+
+GroupKey = tuple[str, str, str]  # (kernel, kernel version, dtype)
+
+
+@dataclass(frozen=True)
+class Group:
+    """The candidates of one (kernel, kernel version, dtype), indexed by device and shape."""
+
+    candidates: list[repo.Candidate]
+    by_device: dict[str, list[repo.Candidate]] = field(default_factory=dict)
+    by_device_shape: dict[tuple[str, str], list[repo.Candidate]] = field(default_factory=dict)
+    #: candidates tuned on a real GPU (the only ones served to another device)
+    gpus: list[repo.Candidate] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, candidates: list[repo.Candidate]) -> Group:
+        group = cls(candidates)
+        for c in candidates:
+            group.by_device.setdefault(c.device_key, []).append(c)
+            group.by_device_shape.setdefault((c.device_key, c.shape_key), []).append(c)
+            if c.device_kind == "cuda":
+                group.gpus.append(c)
+        return group
+
+    def serve(self, shape: Mapping[str, int], device_key: str | None,
+              triton_version: str | None) -> repo.Served | None:
+        """``repo.serve_best`` over the candidates that can answer this caller: its ladder reads
+        only the caller's device's rows and other GPUs' rows, and when a row of the exact
+        shape under the caller's Triton minor exists, the answer is among those rows (nothing
+        ranks before an exact shape), so ranking them alone gives the same row."""
+        if device_key:
+            exact = self.by_device_shape.get((device_key, shape_key(shape)), ())
+            if any(same_triton_minor(c.triton_version, triton_version) for c in exact):
+                return repo.serve_best(exact, shape=shape, device_key=device_key,
+                                       triton_version=triton_version)
+            pool: Iterable[repo.Candidate] = chain(
+                self.by_device.get(device_key, ()),
+                (c for c in self.gpus if c.device_key != device_key))
+        else:
+            pool = self.gpus
+        return repo.serve_best(pool, shape=shape, device_key=device_key,
+                               triton_version=triton_version)
+
+
+class ServingIndex:
+    """One process's serving index over the store of ``factory`` (thread-safe: lookups run
+    in the server's thread pool)."""
+
+    def __init__(self, factory: sessionmaker[Session], refresh_s: float = DEFAULT_REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.factory = factory
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._groups: dict[GroupKey, Group] = {}
+        self._version: tuple[Any, ...] | None = None
+        self._checked_at = -math.inf
+        self._local_writes = _local_writes.count
+        self._versions: dict[str, str] = {}  # a kernel's version hashes its source: once
+        #: version checks and group loads done (tests and the benchmark read them)
+        self.checks = 0
+        self.loads = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.refresh_s > 0
+
+    def registered_version(self, kernel: Any) -> str:
+        name: str = kernel.name
+        if name not in self._versions:
+            self._versions[name] = str(kernel.version)
+        return self._versions[name]
+
+    def group(self, kernel: str, kernel_version: str, dtype: str) -> Group:
+        """The candidates of that kernel version and dtype, as of at most ``refresh_s`` ago."""
+        if not self.enabled:
+            with self.factory() as session:
+                return Group.of(repo.serving_candidates(
+                    session, kernel=kernel, kernel_version=kernel_version, dtype=dtype))
+        self._refresh_if_due()
+        key = (kernel, kernel_version, dtype)
+        found = self._groups.get(key)
+        if found is None:
+            with self._lock:
+                found = self._groups.get(key) or self._load(key)
+        return found
+
+    def _refresh_if_due(self) -> None:
+        local = _local_writes.count != self._local_writes
+        if not local and self.clock() - self._checked_at < self.refresh_s:
+            return
+        with self._lock:
+            now = self.clock()
+            local = _local_writes.count != self._local_writes
+            if not local and now - self._checked_at < self.refresh_s:
+                return  # another thread checked meanwhile
+            self._local_writes = _local_writes.count
+            with self.factory() as session:
+                version = repo.best_configs_version(session)
+            self.checks += 1
+            if local or version != self._version:
+                self._groups = {}  # groups loaded from here on see at least ``version``
+                self._version = version
+            self._checked_at = now
+
+    def _load(self, key: GroupKey) -> Group:
+        kernel, kernel_version, dtype = key
+        with self.factory() as session:
+            group = Group.of(repo.serving_candidates(
+                session, kernel=kernel, kernel_version=kernel_version, dtype=dtype))
+        self.loads += 1
+        self._groups[key] = group
+        return group
+
+
+def serving_index(request: Request) -> ServingIndex:
+    """The app's index, made on first use from its settings and database."""
+    state = request.app.state
+    index: ServingIndex | None = getattr(state, "serving_index", None)
+    if index is None:
+        with _MAKE_LOCK:
+            index = getattr(state, "serving_index", None)
+            if index is None:
+                index = ServingIndex(state.session_factory, state.settings.serving_refresh_s)
+                state.serving_index = index
+    return index
+
+
+_MAKE_LOCK = threading.Lock()
+
+
+# -- writes through this process ---------------------------------------------------------------
+
+class _Writes:
+    """Counts commits of this process that wrote bests or devices."""
+
+    count = 0
+
+
+_local_writes = _Writes()
+_SERVED_TABLES = (BestConfig, Device)
+
+
+def _note_statement(state: ORMExecuteState) -> None:
+    if (state.is_insert or state.is_update or state.is_delete) and state.bind_mapper is not None \
+            and state.bind_mapper.class_ in _SERVED_TABLES:
+        state.session.info["serving_stale"] = True
+
+
+def _note_flush(session: Session, _context: Any) -> None:
+    if any(isinstance(o, _SERVED_TABLES)
+           for o in chain(session.new, session.dirty, session.deleted)):
+        session.info["serving_stale"] = True
+
+
+def _after_commit(session: Session) -> None:
+    if session.info.pop("serving_stale", False):
+        _local_writes.count += 1
+
+
+def _after_rollback(session: Session) -> None:
+    session.info.pop("serving_stale", None)
+
+
+event.listen(Session, "do_orm_execute", _note_statement)
+event.listen(Session, "after_flush", _note_flush)
+event.listen(Session, "after_commit", _after_commit)
+event.listen(Session, "after_soft_rollback", lambda session, _previous: _after_rollback(session))
+
+
+# -- Server-Timing ------------------------------------------------------------------------------
+
+class ServerTiming:
+    """Adds ``Server-Timing: app;dur=<ms>`` to every response: the time from the request
+    reaching the app to its response starting (routing, validation, the handler, serialising
+    the body), without the HTTP server's parsing and writing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def timed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - start) * 1e3
+                message["headers"] = [*message.get("headers", ()),
+                                      (b"server-timing", f"app;dur={ms:.3f}".encode())]
+            await send(message)
+
+        await self.app(scope, receive, timed_send)
+
+
+def install(app: FastAPI) -> None:
+    app.add_middleware(ServerTiming)

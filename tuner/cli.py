@@ -16,6 +16,9 @@ from tuner.errors import InvalidRequest, TunerError
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_RESULT = 1
+#: ``tuner.strategies.strategy_names()``, spelled out so that ``--help`` need not import the
+#: strategies (optuna); tests/test_cli.py checks that the two agree
+STRATEGY_NAMES = ("auto", "exhaustive", "gp", "model", "model-tpe", "random", "tpe")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                       choices=["auto", "cuda", "interpret", "replay"])
     tune.add_argument("--replay", metavar="FILE", help="a replay-v1 table (implies --backend "
                       "replay)")
-    tune.add_argument("--strategy", default="auto", help="search strategy (default: auto)")
+    tune.add_argument("--strategy", default="auto", metavar="NAME",
+                      help=f"search strategy: {', '.join(STRATEGY_NAMES)} (default: auto)")
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument("--json", action="store_true", help="print one JSON object")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -44,12 +45,21 @@ def check_dtype(kernel: TunableKernel, dtype: str, backend: str) -> None:
                                "another dtype", field="dtype")
 
 
+def check_strategy(name: str) -> None:
+    from tuner.strategies import strategy_names
+
+    if name not in strategy_names():
+        raise InvalidRequest(f"--strategy {name!r} is not a strategy; choose one of "
+                             f"{', '.join(strategy_names())}", field="strategy")
+
+
 def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], str, str, Any]:
     from search_spaces import get_kernel
     from tuner.backends import resolve_backend_kind
     from tuner.backends.replay import load_table
 
     kernel = get_kernel(args.kernel)
+    check_strategy(args.strategy)
     if args.trials <= 0:
         raise InvalidRequest(f"--trials {args.trials}: the budget must be at least 1",
                              field="trials")
@@ -94,8 +104,21 @@ def tune(args: argparse.Namespace) -> int:
         session.commit()
     progress = _Progress(args.trials, enabled=not (args.no_progress or args.json))
     started = time.monotonic()
-    outcome = execute_task(factory, task_id, backend_kind=backend, replay_table=table,
-                           on_trial=progress.update)
+    # SIGINT (also where a shell started us with it ignored) and SIGTERM end the run: the
+    # search stops, its best verified config so far is stored and the job ends cancelled (a
+    # second signal while that is written aborts it: cancelled, nothing stored)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        outcome = execute_task(factory, task_id, backend_kind=backend, replay_table=table,
+                               on_trial=progress.update)
+    except KeyboardInterrupt:
+        progress.close()
+        print("tuner: interrupted before the search ran: the job is cancelled and nothing "
+              "was stored", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     progress.close()
     wall = time.monotonic() - started
     summary = _summary(kernel, shape, dtype, backend, outcome, wall)
@@ -103,7 +126,22 @@ def tune(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_summary(summary)
+    if summary["stop_reason"] == "interrupted":
+        stored = ("stored its best verified config" if summary["stored"] else
+                  "no verified config was stored" if not summary["best_config"] else
+                  "kept the equal or faster stored config")
+        print(f"tuner: interrupted after {summary['trials']} trial(s): the job is cancelled; "
+              f"{stored}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if summary["best_config"] else 1
+
+
+#: the exit status of an interrupted ``tuner tune`` (as a shell reports death by SIGINT)
+EXIT_INTERRUPTED = 130
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 class _Progress:

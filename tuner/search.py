@@ -192,25 +192,20 @@ class SearchLoop:
         return None
 
     def run(self) -> SearchResult:
+        """Search until a stop reason. A KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM)
+        ends the search as ``interrupted`` with the trials measured so far; its finalists are
+        the fastest verified trials, not re-timed."""
         started = time.monotonic()
         for m in self.options.resume:
             self.strategy.tell(m.config, m)
             self.tried[m.config] = m
             self.trials.append(m)
-        reason = self._stop_reason(started)
-        while reason is None:
-            room = min(self._batch_size(), self.options.trials - len(self.trials))
-            batch = self._next_batch(room)
-            if not batch:
-                reason = "space exhausted"
-                break
-            fresh = [c for c, _ in dict.fromkeys(batch) if c not in self.tried]
-            for m in self.backend.measure(fresh):
-                self._record(m)
-            for config, _asked in batch:
-                self.strategy.tell(config, self.tried[config])
-            reason = self._stop_reason(started)
-        finalists = self._retime_finalists()
+        try:
+            reason = self._search(started)
+            finalists = self._retime_finalists()
+        except KeyboardInterrupt:
+            reason = "interrupted"
+            finalists = self._fastest_verified()
         return SearchResult(
             best=min(finalists, key=lambda m: m.p50_ms or 0.0) if finalists else None,
             trials=self.trials, pruned=self.pruned, stop_reason=reason,
@@ -219,15 +214,33 @@ class SearchLoop:
             finalists=finalists,
         )
 
+    def _search(self, started: float) -> str:
+        reason = self._stop_reason(started)
+        while reason is None:
+            room = min(self._batch_size(), self.options.trials - len(self.trials))
+            batch = self._next_batch(room)
+            if not batch:
+                return "space exhausted"
+            fresh = [c for c, _ in dict.fromkeys(batch) if c not in self.tried]
+            for m in self.backend.measure(fresh):
+                self._record(m)
+            for config, _asked in batch:
+                self.strategy.tell(config, self.tried[config])
+            reason = self._stop_reason(started)
+        return reason
+
     def _batch_size(self) -> int:
         if self.options.batch_size:
             return self.options.batch_size
         preferred = int(getattr(self.backend, "preferred_batch", 1))
         return preferred if self.strategy.systematic else max(1, min(4, preferred))
 
-    def _retime_finalists(self) -> list[Measurement]:
+    def _fastest_verified(self) -> list[Measurement]:
         ok = sorted((m for m in self.trials if m.ok), key=lambda m: m.p50_ms or 0.0)
-        top = ok[: self.options.finalists]
+        return ok[: self.options.finalists]
+
+    def _retime_finalists(self) -> list[Measurement]:
+        top = self._fastest_verified()
         if len(top) <= 1 or self.options.retime_rounds <= 0:
             return top
         retimed = self.backend.retime([m.config for m in top], self.options.retime_rounds)

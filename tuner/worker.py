@@ -36,6 +36,8 @@ from tuner.shapes import shape_key
 log = logging.getLogger(__name__)
 
 SessionFactory = sessionmaker[Session]
+#: the error of a task whose run was interrupted (Ctrl-C or SIGTERM of ``tuner tune``)
+INTERRUPTED = "interrupted"
 #: how often (seconds) a running search checks whether its job was cancelled
 CANCEL_POLL_S = 2.0
 
@@ -119,13 +121,20 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
         backend = open_backend(backend_kind, kernel, shape, dtype, seed=job_seed(options_base),
                                replay_table=replay_table, device_index=device_index,
                                timing=timing)
+        try:
+            return _run_with_backend(factory, task_id, job_id, kernel, shape, dtype, backend,
+                                     options_base, resume, on_trial, heartbeat)
+        finally:
+            backend.close()
     except TunerError as exc:
         return _finish(factory, task_id, "failed", None, None, False, str(exc))
-    try:
-        return _run_with_backend(factory, task_id, job_id, kernel, shape, dtype, backend,
-                                 options_base, resume, on_trial, heartbeat)
-    finally:
-        backend.close()
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the task must not stay running
+        log.exception("task %s failed unexpectedly", task_id)
+        return _finish(factory, task_id, "failed", None, None, False,
+                       f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:  # outside the search loop (which ends as "interrupted" itself)
+        _finish(factory, task_id, "cancelled", None, None, False, INTERRUPTED)
+        raise
 
 
 def job_seed(options: dict[str, Any]) -> int:
@@ -164,6 +173,10 @@ def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel
         return _finish(factory, task_id, "failed", None, fp.key, False, str(exc))
     if result.stop_reason == "cancelled":
         return _finish(factory, task_id, stop.status, result, fp.key, False, None)
+    if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
+        stored = _store_best(factory, task_id, kernel, shape, dtype, fp, result)
+        return _finish(factory, task_id, "cancelled", result, fp.key, stored,
+                       f"{INTERRUPTED} after {len(result.trials)} trial(s)")
     stored = _store_best(factory, task_id, kernel, shape, dtype, fp, result)
     error = None if result.best else _no_best_reason(result)
     return _finish(factory, task_id, "succeeded" if result.best else "failed", result, fp.key,

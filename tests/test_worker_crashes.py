@@ -1,0 +1,143 @@
+"""Runs that are interrupted, crash or lose their lease leave the store consistent: no task stuck
+in ``running``, no finished trial lost, no measuring process left behind.
+
+Real processes and signals throughout: ``python -m tuner.cli`` subprocesses on the Triton CPU
+interpreter, real SQLite files and (with TUNER_TEST_POSTGRES_URL) a real PostgreSQL database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from db import repo
+from db.engine import init_db
+from search_spaces import get_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+MATMUL = get_kernel("matmul")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), **extra}
+
+
+def _wait_for(condition: Callable[[], Any], proc: subprocess.Popen[Any] | None,
+              timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert proc is None or proc.poll() is None, "the process exited early"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _only_task(factory: Any) -> Any:
+    with factory() as session:
+        jobs, _total = repo.list_jobs(session)
+        return jobs[0].tasks[0] if jobs else None
+
+
+# -- 1. a run never leaves its task running -----------------------------------------------------
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_url, tmp_path,
+                                                                        sig):
+    factory = init_db(any_db_url)
+    out = open(tmp_path / "tune.out", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--db", any_db_url, "tune", "matmul",
+         "--shape", "M=32,N=32,K=32", "--dtype", "float16", "--backend", "interpret",
+         "--trials", "500", "--no-progress"],
+        cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # a verified trial is in the database: there is a best to keep
+        _wait_for(lambda: (t := _only_task(factory)) is not None and t.best_ms is not None,
+                  proc)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out.seek(0)
+    printed = out.read()
+    task = _only_task(factory)
+    with factory() as session:
+        job = repo.get_job(session, task.job_id)
+        trials = repo.trials_for_task(session, task.id)
+        stored = repo.list_best(session, kernel="matmul")
+    assert (job.status, task.status) == ("cancelled", "cancelled"), printed
+    assert "interrupted" in (task.error or "") and task.lease_owner is None
+    verified = [t for t in trials if t.outcome == "ok"]
+    fastest = min(verified, key=lambda t: t.p50_ms)
+    assert len(trials) < 500
+    assert len(stored) == 1 and stored[0].device_key == "interpret:cpu"
+    assert stored[0].config == fastest.config and stored[0].task_id == task.id
+    assert "the job is cancelled; stored its best verified config" in printed
+    assert "stopped: interrupted" in printed
+
+
+def test_an_unknown_strategy_is_refused_before_a_job_is_created(tmp_path):
+    db = tmp_path / "s.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--db", f"sqlite:///{db}", "tune", "matmul",
+         "--shape", "M=16,N=16,K=16", "--backend", "interpret", "--strategy", "nope"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    from tuner.strategies import strategy_names
+
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert "--strategy 'nope'" in line and all(n in line for n in strategy_names())
+    assert not db.exists()  # no job: the store was not even opened
+
+
+def test_tune_help_lists_every_strategy():
+    from tuner.cli import STRATEGY_NAMES
+    from tuner.strategies import strategy_names
+
+    assert list(STRATEGY_NAMES) == strategy_names()
+    out = subprocess.run([sys.executable, "-m", "tuner.cli", "tune", "--help"], cwd=ROOT,
+                         env=_env(COLUMNS="300"), capture_output=True, text=True, timeout=60)
+    assert f"search strategy: {', '.join(strategy_names())}" in out.stdout
+
+
+def _started_task(factory: Any, *, trials: int = 4, worker_id: str = "cli") -> int:
+    with factory() as session:
+        job = repo.create_job(session, kernel="matmul", kernel_version=MATMUL.version,
+                              dtype="float16", shapes=[{"M": 16, "N": 16, "K": 16}],
+                              budget_trials=trials, budget_seconds=None, strategy="auto",
+                              force=True, seed=0, backend="replay", device_key=None)
+        task_id = int(job.tasks[0].id)
+        repo.start_task_locally(session, task_id, worker_id=worker_id)
+        session.commit()
+    return task_id
+
+
+@pytest.mark.parametrize("where", ["open_backend", "run_search"])
+def test_any_exception_while_opening_or_searching_fails_the_task(any_db_url, monkeypatch,
+                                                                  where):
+    from tuner import worker
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("the driver said no")
+
+    factory = init_db(any_db_url)
+    task_id = _started_task(factory)
+    monkeypatch.setattr(worker, where, broken)
+    outcome = worker.execute_task(factory, task_id, backend_kind="interpret")
+    assert outcome.status == "failed"
+    with factory() as session:
+        task = repo.get_task(session, task_id)
+        assert task.status == "failed" and task.error == "RuntimeError: the driver said no"
+        assert repo.get_job(session, task.job_id).status == "failed"

@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=None,
                        help="worker processes (default: one per GPU, or one interpreter worker)")
     serve.add_argument("--backend", default=None, choices=["auto", "cuda", "interpret"])
+    serve.add_argument("--api-workers", type=int, default=None, metavar="N",
+                       help="API processes (default: TUNER_API_WORKERS, 2; 0: one per core)")
     _add_file_commands(sub)
     return parser
 

@@ -257,7 +257,8 @@ def serve(args: argparse.Namespace) -> int:
     from tuner.service import serve as serve_service
 
     return serve_service(_settings(args), host=args.host, port=args.port,
-                         workers=args.workers, backend=args.backend)
+                         workers=args.workers, backend=args.backend,
+                         api_workers=args.api_workers)
 
 
 # -- export / import: configs files for use without the service (tuner.configs_file) -----------

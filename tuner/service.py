@@ -239,9 +239,12 @@ def worker_plan(settings: Settings, workers: int | None, backend: str | None
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
-          workers: int | None = None, backend: str | None = None) -> int:
-    """The API in this process plus worker processes: one per local GPU, or one interpreter
-    worker on a machine without a GPU. Returns when the API stops (SIGINT/SIGTERM)."""
+          workers: int | None = None, backend: str | None = None,
+          api_workers: int | None = None) -> int:
+    """The API in this process (or ``api_workers`` uvicorn worker processes under it: default
+    ``TUNER_API_WORKERS``, 0 = one per CPU core) plus worker processes: one per local GPU, or
+    one interpreter worker on a machine without a GPU. Returns when the API stops
+    (SIGINT/SIGTERM)."""
     import uvicorn
 
     from db.engine import init_db
@@ -252,20 +255,30 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     url = settings.resolved_database_url
     init_db(url)  # migrate once, before workers race to do it
     os.environ["TUNER_DATABASE_URL"] = url  # the app (built by uvicorn) and the workers
+    processes = api_processes(settings, api_workers)
     pool = WorkerPool(kind, indices, env=dict(os.environ))
     pool.start()
-    print(f"API on http://{host}:{port} (docs at /docs); {len(indices)} {kind} worker(s); "
-          f"database {url}", flush=True)
+    print(f"API on http://{host}:{port} (docs at /docs), {processes} process(es); "
+          f"{len(indices)} {kind} worker(s); database {url}", flush=True)
     # uvicorn re-raises the SIGTERM it caught once it has shut down, under the handler that was
     # there before it; with the default one the process would die before stopping its workers.
+    # With several API processes its supervisor takes SIGTERM itself and returns.
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        uvicorn.run("api.app:app", host=host, port=port, log_level="info")
+        uvicorn.run("api.app:app", host=host, port=port, log_level="info",
+                    workers=processes)
     except _Terminated:
         log.info("SIGTERM: stopping the workers")
     finally:
         pool.stop()
     return 0
+
+
+def api_processes(settings: Settings, requested: int | None = None) -> int:
+    """How many API processes ``serve`` runs: ``requested``, else ``TUNER_API_WORKERS``; 0 is
+    one per CPU core (at most 8: lookups are served from memory, see ``api/serving.py``)."""
+    count = settings.api_workers if requested is None else requested
+    return count if count > 0 else max(1, min(8, os.cpu_count() or 1))
 
 
 class _Terminated(Exception):

@@ -19,17 +19,25 @@ from sqlalchemy import (
     Dialect,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: Lifecycle of jobs and tasks: queued -> running -> succeeded | failed | cancelled.
 ACTIVE = ("queued", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
+#: what a worker is doing (``workers.status``)
+WORKER_STATUSES = ("starting", "idle", "busy", "unhealthy", "stopped")
+
+#: the WHERE clause of the partial unique index on ``jobs.request_key``: at most one queued or
+#: running job per request key (identical submissions share it; finished jobs do not count)
+ACTIVE_JOB_WHERE = "status IN ('queued', 'running')"
 
 
 def utcnow() -> datetime:
@@ -88,6 +96,9 @@ class Job(Base):
     """One submission: a kernel, dtype and budget, with one task per shape."""
 
     __tablename__ = "jobs"
+    __table_args__ = (Index("uq_jobs_active_request_key", "request_key", unique=True,
+                            sqlite_where=text(ACTIVE_JOB_WHERE),
+                            postgresql_where=text(ACTIVE_JOB_WHERE)),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     kernel: Mapped[str] = mapped_column(String(100))
@@ -168,7 +179,9 @@ class BestConfig(Base):
 
     __tablename__ = "best_configs"
     __table_args__ = (UniqueConstraint("device_key", "kernel", "kernel_version", "dtype",
-                                       "shape_key", "triton_version", name="uq_best_key"),)
+                                       "shape_key", "triton_version", name="uq_best_key"),
+                      # the serving path reads every best of one kernel version and dtype
+                      Index("ix_best_configs_serving", "kernel", "kernel_version", "dtype"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     device_key: Mapped[str] = mapped_column(String(200), index=True)
@@ -225,3 +238,30 @@ class Miss(Base):
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: why it is in its status, in words (the job's error, the limit that was hit, ...)
     note: Mapped[str | None] = mapped_column(Text)
+
+
+class WorkerRow(Base):
+    """One worker process (one GPU, or the CPU interpreter) as it last reported itself: where it
+    runs, what it is doing and when it was last heard from. Named so as not to clash with
+    ``tuner.worker.Worker``, the process itself."""
+
+    __tablename__ = "workers"
+
+    #: the worker id (the lease owner of the tasks it runs)
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    device_key: Mapped[str] = mapped_column(String(200))
+    #: ``cuda`` or ``interpret``
+    kind: Mapped[str] = mapped_column(String(20))
+    #: the GPU's index among the process's visible devices; None for the interpreter
+    gpu_index: Mapped[int | None] = mapped_column(Integer)
+    gpu_uuid: Mapped[str | None] = mapped_column(String(100))
+    #: one of ``WORKER_STATUSES``
+    status: Mapped[str] = mapped_column(String(20))
+    #: the task it is running, while busy
+    task_id: Mapped[int | None] = mapped_column(Integer)
+    #: why it is unhealthy, in words
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -8,11 +8,19 @@ Concurrency: every state change that two processes could race for is a guarded U
 compare-and-set whose WHERE clause states the status it expects), so a row changes hands at
 most once whatever the interleaving. On PostgreSQL, claims also pick candidates with
 ``SELECT ... FOR UPDATE SKIP LOCKED`` so that workers do not queue behind each other; SQLite
-has one writer at a time and relies on the guard alone. Best configs and devices are written
-with ``INSERT ... ON CONFLICT DO NOTHING`` followed by a guarded UPDATE, so two workers storing
-the same key at once never fail on the unique constraint. Misses are written the same way, and a
-report holds its miss row's write lock (SQLite: the database's) from its first statement to its
-commit, so reports of one miss take turns and queue at most one job.
+has one writer at a time and relies on the guard alone. Settling a job from its tasks' statuses
+reads other rows, so on PostgreSQL it first locks the job row (``SELECT ... FOR UPDATE``): of
+two transactions finishing a job's last tasks, the second waits for the first's commit and
+then sees it (under READ COMMITTED neither would see the other's). Locks are taken tasks
+first, then their job. A worker's writes to its task (trials, best, finish) name the worker and
+change nothing once the lease went to another (``LeaseLost``). Identical submissions share one
+job: a partial unique index allows one queued or running job per request key, and
+``submit_job`` inserts in a SAVEPOINT and returns the other job when the index refuses. Best
+configs and devices are written with ``INSERT ... ON CONFLICT DO NOTHING`` followed by a
+guarded UPDATE, so two workers storing the same key at once never fail on the unique
+constraint. Misses are written the same way, and a report holds its miss row's write lock
+(SQLite: the database's) from its first statement to its commit, so reports of one miss take
+turns and queue at most one job.
 """
 
 from __future__ import annotations
@@ -26,12 +34,39 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, Result, Select, func, or_, select, update
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    CursorResult,
+    Result,
+    Select,
+    Text,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
-from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Miss, Task, Trial, utcnow
+from db.models import (
+    ACTIVE,
+    TERMINAL,
+    WORKER_STATUSES,
+    BestConfig,
+    Device,
+    Job,
+    Miss,
+    Task,
+    Trial,
+    WorkerRow,
+    utcnow,
+)
 from tuner.identity import same_triton_minor
 from tuner.shapes import shape_key
 
@@ -39,8 +74,21 @@ from tuner.shapes import shape_key
 _SQLITE_CLAIM_CANDIDATES = 8
 
 
+#: the largest id an INTEGER column holds on PostgreSQL (a larger one is an error there)
+_MAX_INT_ID = 2**31 - 1
+#: how long a job id is (``uuid4().hex``); ``jobs.id`` holds no longer one
+_JOB_ID_LENGTH = 32
+#: times ``submit_job`` tries again when the job its insert collided with finished meanwhile
+_SUBMIT_ATTEMPTS = 5
+
+
 class NotFound(LookupError):
     """No row with that id or key (the API answers 404)."""
+
+
+class LeaseLost(Exception):
+    """The task is no longer the calling worker's (reaped, leased to another worker, cancelled
+    or finished): its write was not made."""
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -83,6 +131,18 @@ def _insert_ignoring_conflicts(session: Session, model: type[Any], values: Mappi
     statement = (insert_for(model).values(**values).on_conflict_do_nothing(index_elements=key)
                  .returning(model.id))  # rowcount is -1 on psycopg; a returned id is certain
     return session.execute(statement).first() is not None
+
+
+def _write_transaction(session: Session) -> None:
+    """SQLite: make sure the connection is in a transaction that holds the write lock, so that a
+    SAVEPOINT nests in it (the sqlite3 driver opens transactions only before INSERT, UPDATE and
+    DELETE; a SAVEPOINT outside one would start its own, and releasing it would commit) and
+    what this transaction reads stays true until it commits. PostgreSQL: nothing to do."""
+    if _is_postgres(session):
+        return
+    connection = session.connection()
+    if not getattr(connection.connection.dbapi_connection, "in_transaction", True):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _reloaded(session: Session, model: type[Any], row_id: Any) -> Any:
@@ -153,6 +213,90 @@ def single_gpu_device_key(session: Session) -> str | None:
     return keys[0] if len(keys) == 1 else None
 
 
+# -- workers: one row per worker process, refreshed by its beats --------------------------------
+
+def register_worker(session: Session, *, worker_id: str, host: str, pid: int, device_key: str,
+                    kind: str, gpu_index: int | None, gpu_uuid: str | None) -> WorkerRow:
+    """The worker's row, created or reset for a (re)start: ``idle``, no task or error,
+    started and seen now."""
+    now = utcnow()
+    fields = dict(host=host, pid=pid, device_key=device_key, kind=kind, gpu_index=gpu_index,
+                  gpu_uuid=gpu_uuid, status="idle", task_id=None, error=None, started_at=now,
+                  last_seen_at=now)
+    if not _insert_ignoring_conflicts(session, WorkerRow, {"id": worker_id, **fields}, ["id"]):
+        _changed(session, update(WorkerRow).where(WorkerRow.id == worker_id).values(**fields))
+    return cast(WorkerRow, _reloaded(session, WorkerRow, worker_id))
+
+
+def beat_worker(session: Session, worker_id: str, *, status: str | None = None,
+                task_id: int | None = None, error: str | None = None) -> bool:
+    """The worker is alive: ``last_seen_at`` is now. With ``status``, the beat says everything
+    the worker is doing, so ``task_id`` and ``error`` are written as given (None clears them);
+    without, only those given are written. False if the worker has no row (never registered).
+    ValueError for a status not in ``WORKER_STATUSES``."""
+    values: dict[str, Any] = {"last_seen_at": utcnow()}
+    if status is not None:
+        if status not in WORKER_STATUSES:
+            raise ValueError(f"worker status {status!r}: expected one of "
+                             f"{', '.join(WORKER_STATUSES)}")
+        values.update(status=status, task_id=task_id, error=error)
+    else:
+        values.update({k: v for k, v in (("task_id", task_id), ("error", error))
+                       if v is not None})
+    return _changed_row(session, WorkerRow, worker_id,
+                        update(WorkerRow).where(WorkerRow.id == worker_id).values(**values))
+
+
+def stop_worker(session: Session, worker_id: str) -> None:
+    """The worker exited cleanly: ``stopped``, holding no task."""
+    _changed_row(session, WorkerRow, worker_id, update(WorkerRow).where(WorkerRow.id == worker_id)
+                 .values(status="stopped", task_id=None, last_seen_at=utcnow()))
+
+
+def _seen_since(seen_within_s: float, now: datetime | None = None) -> datetime:
+    return (now or utcnow()) - timedelta(seconds=seen_within_s)
+
+
+def list_workers(session: Session, seen_within_s: float | None = None) -> list[WorkerRow]:
+    """Workers (seen within ``seen_within_s`` seconds, if given) by device, GPU index (the
+    interpreter's none last) and id."""
+    query = select(WorkerRow)
+    if seen_within_s is not None:
+        query = query.where(WorkerRow.last_seen_at >= _seen_since(seen_within_s))
+    return list(session.scalars(query.order_by(WorkerRow.device_key,
+                                               WorkerRow.gpu_index.asc().nulls_last(),
+                                               WorkerRow.id)))
+
+
+def live_device_keys(session: Session, seen_within_s: float,
+                     now: datetime | None = None) -> set[str]:
+    """Devices with a worker that beat within ``seen_within_s`` seconds and is not stopped."""
+    return set(session.scalars(select(WorkerRow.device_key).distinct().where(
+        WorkerRow.last_seen_at >= _seen_since(seen_within_s, now),
+        WorkerRow.status != "stopped")))
+
+
+def waiting_note(session: Session, job: Job, *, now: datetime | None = None, after_s: float,
+                 seen_within_s: float) -> str | None:
+    """Why a job has been queued for over ``after_s`` seconds, when it is because no worker
+    serves its target device (or, with no target, no worker at all) within ``seen_within_s``
+    seconds: a sentence naming the device and the devices known. None otherwise (not queued,
+    not waiting that long yet, or a live worker could claim it)."""
+    now = now or utcnow()
+    if job.status != "queued" or (seconds_since(job.created_at, now) or 0.0) < after_s:
+        return None
+    live = live_device_keys(session, seen_within_s, now)
+    if (job.device_key in live) if job.device_key else bool(live):
+        return None
+    known = sorted(set(session.scalars(select(Device.key))) | live)
+    devices = ", ".join(f"{k} (live)" if k in live else k for k in known) or "none"
+    window = f"in the last {seen_within_s:g} s"
+    if job.device_key:
+        return f"no worker has served device {job.device_key!r} {window}; known devices: " \
+               f"{devices}"
+    return f"no worker has been seen {window}; known devices: {devices}"
+
+
 # -- jobs -------------------------------------------------------------------------------------
 
 def request_key(*, kernel: str, kernel_version: str, dtype: str,
@@ -166,23 +310,83 @@ def request_key(*, kernel: str, kernel_version: str, dtype: str,
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def unshared_request_key(request_key: str, job_id: str) -> str:
+    """The request key of a job created while an identical one is active (``create_job``):
+    unique to the job, so the partial unique index lets both exist and submissions keep
+    being deduplicated to the other."""
+    return hashlib.sha256(f"{request_key}:{job_id}".encode()).hexdigest()
+
+
+def _job_key(kernel: str, kernel_version: str, dtype: str, shapes: Sequence[Mapping[str, int]],
+             budget_trials: int, budget_seconds: float | None, strategy: str, backend: str,
+             device_key: str | None, **_: Any) -> str:
+    return request_key(kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
+                       budget_trials=budget_trials, budget_seconds=budget_seconds,
+                       strategy=strategy, backend=backend, device_key=device_key)
+
+
+def _insert_job(session: Session, key: str, kernel: str, kernel_version: str, dtype: str,
+                shapes: Sequence[Mapping[str, int]], budget_trials: int,
+                budget_seconds: float | None, strategy: str, force: bool, seed: int,
+                backend: str, device_key: str | None, job_id: str | None = None) -> Job:
+    """Insert a queued job and its tasks in a SAVEPOINT (IntegrityError when the partial
+    unique index already has an active job with ``key``; the transaction goes on)."""
+    job = Job(id=job_id or uuid.uuid4().hex, kernel=kernel, kernel_version=kernel_version,
+              dtype=dtype, status="queued", device_key=device_key, backend=backend,
+              strategy=strategy, budget_trials=budget_trials, budget_seconds=budget_seconds,
+              force=force, seed=seed, request_key=key)
+    job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status="queued",
+                      outcome_counts={}) for s in shapes]
+    _write_transaction(session)
+    with session.begin_nested():
+        session.add(job)
+    return job
+
+
 def create_job(session: Session, *, kernel: str, kernel_version: str, dtype: str,
                shapes: Sequence[Mapping[str, int]], budget_trials: int,
                budget_seconds: float | None, strategy: str, force: bool, seed: int,
                backend: str, device_key: str | None) -> Job:
-    """A queued job with one queued task per shape (in the given order), flushed."""
-    key = request_key(kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
-                      budget_trials=budget_trials, budget_seconds=budget_seconds,
-                      strategy=strategy, backend=backend, device_key=device_key)
-    job = Job(id=uuid.uuid4().hex, kernel=kernel, kernel_version=kernel_version, dtype=dtype,
-              status="queued", device_key=device_key, backend=backend, strategy=strategy,
-              budget_trials=budget_trials, budget_seconds=budget_seconds, force=force, seed=seed,
-              request_key=key)
-    job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status="queued",
-                      outcome_counts={}) for s in shapes]
-    session.add(job)
-    session.flush()
-    return job
+    """A new queued job with one queued task per shape (in the given order), flushed, even
+    when an identical job is active (the CLI runs its own; see ``submit_job`` to share one).
+    It gets the submission's request key unless an identical job is active, else
+    ``unshared_request_key``: identical submissions are deduplicated to the older job."""
+    fields: dict[str, Any] = dict(
+        kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
+        budget_trials=budget_trials, budget_seconds=budget_seconds, strategy=strategy,
+        force=force, seed=seed, backend=backend, device_key=device_key)
+    key = _job_key(**fields)
+    try:
+        return _insert_job(session, key, **fields)
+    except IntegrityError:
+        job_id = uuid.uuid4().hex
+        return _insert_job(session, unshared_request_key(key, job_id), **fields, job_id=job_id)
+
+
+def submit_job(session: Session, *, kernel: str, kernel_version: str, dtype: str,
+               shapes: Sequence[Mapping[str, int]], budget_trials: int,
+               budget_seconds: float | None, strategy: str, force: bool, seed: int,
+               backend: str, device_key: str | None) -> tuple[Job, bool]:
+    """The queued or running job identical to this submission (``request_key``) and False, or
+    a new one as ``create_job`` makes it and True. Safe when identical submissions race: the
+    database allows one active job per request key, the insert runs in a SAVEPOINT, and the
+    loser gets the winner's job (PostgreSQL: once the winner commits). Commit soon after."""
+    fields: dict[str, Any] = dict(
+        kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
+        budget_trials=budget_trials, budget_seconds=budget_seconds, strategy=strategy,
+        force=force, seed=seed, backend=backend, device_key=device_key)
+    key = _job_key(**fields)
+    for attempt in range(_SUBMIT_ATTEMPTS):
+        if (existing := find_active_duplicate(session, key)) is not None:
+            return existing, False
+        try:
+            return _insert_job(session, key, **fields), True
+        except IntegrityError:
+            # an identical job was inserted first; it is found above unless it already
+            # finished (or its transaction rolled back), and then this insert is tried again
+            if attempt == _SUBMIT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def find_active_duplicate(session: Session, request_key: str) -> Job | None:
@@ -193,7 +397,10 @@ def find_active_duplicate(session: Session, request_key: str) -> Job | None:
 
 
 def get_job(session: Session, job_id: str) -> Job:
-    """The job; NotFound if there is none."""
+    """The job; NotFound if there is none (an id no job can have, too long or with a NUL byte,
+    never reaches the database: PostgreSQL refuses NUL bytes in text with an error)."""
+    if len(job_id) > _JOB_ID_LENGTH or "\x00" in job_id:
+        raise NotFound(f"no job {job_id!r}")
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound(f"no job {job_id!r}")
@@ -242,9 +449,19 @@ def _reloaded_job(session: Session, job_id: str) -> Job:
     return cast(Job, _reloaded(session, Job, job_id))
 
 
+def _lock_job(session: Session, job_id: str) -> None:
+    """PostgreSQL: lock the job row until commit, so that transactions deciding about the job
+    from its tasks' statuses take turns, each reading after the previous one committed.
+    SQLite: the caller's task write already holds the database's write lock."""
+    if _is_postgres(session):
+        session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+
+
 def _settle_job(session: Session, job_id: str) -> None:
     """Once every task of an active job is terminal, the job is too: failed if any task failed,
-    else cancelled if any was cancelled, else succeeded. A finished job is left alone."""
+    else cancelled if any was cancelled, else succeeded. A finished job is left alone. Call it
+    after writing the task, never before (locks: tasks, then the job)."""
+    _lock_job(session, job_id)
     tasks = session.execute(select(Task.status, Task.shape_key, Task.error)
                             .where(Task.job_id == job_id)).all()
     statuses = {t.status for t in tasks}
@@ -273,12 +490,13 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
     for task in job.tasks:
         best = get_best(session, device_key=device_key, kernel=job.kernel, dtype=job.dtype,
                         shape_key=task.shape_key, kernel_version=job.kernel_version)
-        if best is None or task.status != "queued":
+        if best is None:
             continue
-        task.status, task.device_key, task.finished_at = "succeeded", device_key, utcnow()
-        task.best_ms, task.best_config, task.error = best.p50_ms, dict(best.config), None
-        answered += 1
-    session.flush()
+        answered += _changed(session, update(Task).where(Task.id == task.id,
+                                                         Task.status == "queued")
+                             .values(status="succeeded", device_key=device_key,
+                                     finished_at=utcnow(), best_ms=best.p50_ms,
+                                     best_config=dict(best.config), error=None))
     _settle_job(session, job.id)
     _reloaded_job(session, job.id)
     return answered
@@ -287,7 +505,10 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
 # -- tasks: claim, lease, finish --------------------------------------------------------------
 
 def get_task(session: Session, task_id: int) -> Task:
-    """The task; NotFound if there is none."""
+    """The task; NotFound if there is none (an id outside 1..2**31-1 never reaches the
+    database: PostgreSQL's INTEGER cannot hold it and would answer with an error)."""
+    if not 1 <= task_id <= _MAX_INT_ID:
+        raise NotFound(f"no task {task_id}")
     task = session.get(Task, task_id)
     if task is None:
         raise NotFound(f"no task {task_id}")
@@ -375,13 +596,16 @@ def release_task(session: Session, task_id: int, worker_id: str) -> bool:
 def reap_expired(session: Session, now: datetime | None = None) -> int:
     """Running tasks whose lease expired before ``now`` (their worker died or hung) go back to
     the queue while they have attempts left, else fail with an error saying how many times
-    the lease expired (and their job settles). Returns how many tasks changed."""
+    the lease expired (and their job settles). Returns how many tasks changed. Tasks are
+    written first (by id), then jobs settled (by id): holding a job's lock while waiting for
+    one of its tasks would deadlock with that task's worker finishing it."""
     now = now or utcnow()
     expired = session.execute(select(Task.id, Task.job_id, Task.attempts, Task.max_attempts)
                               .where(Task.status == "running",
                                      Task.lease_expires_at.is_not(None),
-                                     Task.lease_expires_at < now)).all()
+                                     Task.lease_expires_at < now).order_by(Task.id)).all()
     changed = 0
+    failed_jobs: set[str] = set()
     for task in expired:
         guard = update(Task).where(Task.id == task.id, Task.status == "running",
                                    Task.lease_expires_at < now,
@@ -395,7 +619,9 @@ def reap_expired(session: Session, now: datetime | None = None) -> int:
                 error=f"the worker's lease expired {task.attempts} times "
                       f"(max_attempts={task.max_attempts}); giving up")):
             changed += 1
-            _settle_job(session, task.job_id)
+            failed_jobs.add(task.job_id)
+    for job_id in sorted(failed_jobs):
+        _settle_job(session, job_id)
     return changed
 
 
@@ -435,38 +661,67 @@ def count_tasks_by_status(session: Session) -> dict[str, int]:
     return {status: int(count) for status, count in rows}
 
 
-def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int]) -> None:
-    """The task's final best, after the finalists were re-timed side by side."""
-    task = get_task(session, task_id)
-    task.best_ms, task.best_config = ms, dict(config)
+def _owned(statement: Any, worker_id: str | None) -> Any:
+    """A task UPDATE guarded, with ``worker_id``, by the task running under its lease."""
+    if worker_id is None:
+        return statement
+    return statement.where(Task.status == "running", Task.lease_owner == worker_id)
+
+
+def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int], *,
+                  worker_id: str | None = None) -> bool:
+    """The task's final best, after the finalists were re-timed side by side. With
+    ``worker_id``, only while the task runs under that worker's lease. False: nothing written
+    (no such task, or the lease is lost)."""
+    return _changed_row(session, Task, task_id, _owned(update(Task).where(Task.id == task_id),
+                                                       worker_id)
+                        .values(best_ms=ms, best_config=dict(config)))
 
 
 # -- trials -----------------------------------------------------------------------------------
 
 def record_trial(session: Session, task_id: int, number: int,
-                 measurement: Mapping[str, Any]) -> Trial:
+                 measurement: Mapping[str, Any], *, worker_id: str | None = None) -> Trial:
     """Store trial ``number`` (from 1) of a task from ``Measurement.to_dict()``, and update
-    the task: trials_done (trials stored), outcome_counts, and best_ms/best_config when the
-    outcome is ok and its p50 is faster. A repeated number violates the unique constraint."""
+    the task in one guarded UPDATE (never a read-modify-write: a concurrent writer's counts
+    are not lost): trials_done (trials stored), outcome_counts, and best_ms/best_config when
+    the outcome is ok and its p50 is faster. With ``worker_id``, only while the task runs
+    under that worker's lease, else ``LeaseLost`` and nothing is written. NotFound without a
+    task. A repeated number violates the unique constraint."""
     config = dict(measurement["config"])
+    outcome, p50_ms = str(measurement["outcome"]), measurement.get("p50_ms")
+    values: dict[str, Any] = dict(trials_done=Task.trials_done + 1,
+                                  outcome_counts=_counted_outcome(session, outcome))
+    if outcome == "ok" and p50_ms is not None:
+        faster = or_(Task.best_ms.is_(None), Task.best_ms > p50_ms)
+        values.update(best_ms=case((faster, p50_ms), else_=Task.best_ms),
+                      best_config=case((faster, literal(config, JSON)), else_=Task.best_config))
+    if not _changed_row(session, Task, task_id,
+                        _owned(update(Task).where(Task.id == task_id), worker_id)
+                        .values(**values)):
+        if worker_id is not None:
+            raise LeaseLost(f"task {task_id} is no longer leased to worker {worker_id}: "
+                            f"trial {number} not stored")
+        raise NotFound(f"no task {task_id}")
     trial = Trial(task_id=task_id, number=number, config=config,
                   # same as KernelConfig.key(): sorted name=value pairs
                   config_key=",".join(f"{k}={config[k]}" for k in sorted(config)),
-                  outcome=str(measurement["outcome"]), p20_ms=measurement.get("p20_ms"),
-                  p50_ms=measurement.get("p50_ms"), p80_ms=measurement.get("p80_ms"),
-                  error=measurement.get("error"), compile_s=measurement.get("compile_s"),
+                  outcome=outcome, p20_ms=measurement.get("p20_ms"), p50_ms=p50_ms,
+                  p80_ms=measurement.get("p80_ms"), error=measurement.get("error"),
+                  compile_s=measurement.get("compile_s"),
                   max_error=measurement.get("max_error"))
     session.add(trial)
-    task = get_task(session, task_id)
-    task.trials_done += 1
-    counts = dict(task.outcome_counts or {})
-    counts[trial.outcome] = counts.get(trial.outcome, 0) + 1
-    task.outcome_counts = counts  # a new dict: JSON columns do not track in-place changes
-    if trial.outcome == "ok" and trial.p50_ms is not None and (
-            task.best_ms is None or trial.p50_ms < task.best_ms):
-        task.best_ms, task.best_config = trial.p50_ms, config
     session.flush()
     return trial
+
+
+def _counted_outcome(session: Session, outcome: str) -> ColumnElement[Any]:
+    """``tasks.outcome_counts`` with one more trial of ``outcome``, as a SQL expression."""
+    count = func.coalesce(Task.outcome_counts[outcome].as_integer(), 0) + 1
+    if _is_postgres(session):
+        added = func.jsonb_build_object(sql_cast(literal(outcome), Text), count)
+        return sql_cast(sql_cast(Task.outcome_counts, postgresql.JSONB).op("||")(added), JSON)
+    return func.json_set(Task.outcome_counts, f'$."{outcome}"', count)
 
 
 def trials_for_task(session: Session, task_id: int) -> list[Trial]:
@@ -785,15 +1040,11 @@ def _queue_miss(session: Session, miss: Miss, device_key: str, client: str,
         return _miss_is(session, miss.id, "capped",
                         f"{miss.kernel} has {active} misses queued or running "
                         f"(TUNER_MISS_CAP_PER_KERNEL={limits.cap_per_kernel})")
-    fields: dict[str, Any] = dict(
-        kernel=miss.kernel, kernel_version=miss.kernel_version, dtype=miss.dtype,
-        shapes=[miss.shape], budget_trials=limits.trials, budget_seconds=None, strategy="auto",
-        backend="auto", device_key=device_key)
     # an identical job someone submitted serves the miss as well as a new one would
-    job = find_active_duplicate(session, request_key(**fields))
-    created = job is None
-    if job is None:
-        job = create_job(session, **fields, force=False, seed=0)
+    job, created = submit_job(
+        session, kernel=miss.kernel, kernel_version=miss.kernel_version, dtype=miss.dtype,
+        shapes=[miss.shape], budget_trials=limits.trials, budget_seconds=None, strategy="auto",
+        backend="auto", device_key=device_key, force=False, seed=0)
     mine = dict(queued_by=client, queued_at=now) if created else {}
     if not _changed_row(session, Miss, miss.id, update(Miss).where(
             Miss.id == miss.id, _same_job(miss.job_id))

@@ -82,12 +82,11 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
         kernel=kernel.name, kernel_version=kernel.version, dtype=body.dtype, shapes=shapes,
         budget_trials=body.budget.trials, budget_seconds=body.budget.seconds,
         strategy=body.strategy, backend=body.backend, device_key=body.device)
-    duplicate = repo.find_active_duplicate(session, repo.request_key(**fields))
-    if duplicate is not None:
+    job, created = repo.submit_job(session, **fields, force=body.force, seed=body.seed)
+    if not created:
+        session.commit()
         response.status_code = 200
-        return JobCreated(id=duplicate.id, status=duplicate.status, url=job_url(duplicate.id),
-                          deduplicated=True)
-    job = repo.create_job(session, **fields, force=body.force, seed=body.seed)
+        return JobCreated(id=job.id, status=job.status, url=job_url(job.id), deduplicated=True)
     answered = 0 if body.force else repo.answer_tuned_tasks(session, job)
     session.commit()
     if job.status == "succeeded":

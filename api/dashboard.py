@@ -35,7 +35,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.deps import ReadAccess, SessionDep, SettingsDep
+from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
 from db import repo
 from db.models import ACTIVE, BestConfig, Job, Task, Trial
 from search_spaces import get_kernel, kernel_names
@@ -48,6 +48,8 @@ STATIC = HERE / "static"
 MAX_FAILURES_LISTED = 200
 #: configs drawn in the parallel-coordinates view (the fastest ones)
 MAX_PARCOORDS = 300
+#: the last page a list can be asked for (its offset stays within the database's integers)
+MAX_PAGE = 10**6
 #: seconds between server-sent progress events
 EVENT_INTERVAL_S = 1.0
 #: a progress stream ends after this long (the browser's EventSource reconnects by itself)
@@ -170,13 +172,15 @@ def overview(request: Request, session: SessionDep) -> HTMLResponse:
 
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request, session: SessionDep, status: str | None = None,
-              kernel: str | None = None, page: int = Query(1, ge=1)) -> HTMLResponse:
+              kernel: str | None = None,
+              page: int = Query(1, ge=1, le=MAX_PAGE)) -> HTMLResponse:
     per_page = 50
     jobs, total = repo.list_jobs(session, status=status or None, kernel=kernel or None,
                                  limit=per_page, offset=(page - 1) * per_page)
     return _page(request, "jobs.html", title="Jobs", jobs=jobs, total=total, page=page,
                  pages=max(1, math.ceil(total / per_page)), status=status or "",
                  kernel=kernel or "", progress={j.id: job_progress(j) for j in jobs},
+                 waiting={j.id: _waiting(session, j, request) for j in jobs},
                  statuses=("queued", "running", "succeeded", "failed", "cancelled"),
                  kernels=kernel_names())
 
@@ -205,7 +209,15 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
                      message=f"There is no job {job_id!r}.", back="/jobs")
     shapes = _shapes(session, job)
     return _page(request, "job.html", title=f"Job {job.id[:8]}", job=job, shapes=shapes,
-                 progress=job_progress(job), active=job.status in ACTIVE)
+                 progress=job_progress(job), active=job.status in ACTIVE,
+                 waiting=_waiting(session, job, request))
+
+
+def _waiting(session: Session, job: Job, request: Request) -> str | None:
+    """Why a queued job has not started (the API's ``waiting``)."""
+    settings: Settings = request.app.state.settings
+    return repo.waiting_note(session, job, after_s=settings.lease_seconds,
+                             seen_within_s=settings.lease_seconds)
 
 
 def _sig(x: float) -> float:
@@ -358,7 +370,8 @@ def configs_page(request: Request, session: SessionDep, kernel: str | None = Non
 
 @router.get("/misses", response_class=HTMLResponse)
 def misses_page(request: Request, session: SessionDep, status: str | None = None,
-                kernel: str | None = None, page: int = Query(1, ge=1)) -> HTMLResponse:
+                kernel: str | None = None,
+              page: int = Query(1, ge=1, le=MAX_PAGE)) -> HTMLResponse:
     """Lookups clients reported as not served exactly, most recently reported first, with
     what became of each and a link to its tuning job."""
     per_page = 100
@@ -428,8 +441,7 @@ async def cancel_form(request: Request, job_id: str, settings: SettingsDep) -> A
 
 
 def _cancel(request: Request, job_id: str, settings: Settings, api_key: str) -> Any:
-    keys = settings.parsed_api_keys()
-    if keys and keys.get(api_key.strip()) != "rw":
+    if settings.parsed_api_keys() and key_mode(settings, api_key.strip()) != "rw":
         return _page(request, "message.html", status_code=401 if not api_key else 403,
                      title="Not cancelled", message="Cancelling needs an API key with write "
                      "access; type it into the form on the job page.", back=f"/jobs/{job_id}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -33,25 +34,45 @@ def _presented_key(request: Request) -> str | None:
     return key or None
 
 
+def _secret_bytes(text: str) -> bytes:
+    # headers arrive as latin-1 text and keys from the environment may carry surrogates:
+    # compare_digest takes any bytes but only ASCII str
+    return text.encode("utf-8", "surrogatepass")
+
+
+def key_mode(settings: Settings, presented: str | None) -> str | None:
+    """The mode ("rw" or "ro") of the presented key, None for none or an unknown one.
+
+    Compared in constant time with every configured key, matched or not, so that response
+    times tell nothing about how much of a key was right or which key matched."""
+    if not presented:
+        return None
+    given = _secret_bytes(presented)
+    found = None
+    for key, mode in settings.parsed_api_keys().items():
+        if hmac.compare_digest(given, _secret_bytes(key)) and found is None:
+            found = mode
+    return found
+
+
 def require_write(request: Request, settings: SettingsDep) -> None:
-    keys = settings.parsed_api_keys()
-    if not keys:
+    if not settings.parsed_api_keys():
         return
-    key = _presented_key(request)
-    if key is None or key not in keys:
+    mode = key_mode(settings, _presented_key(request))
+    if mode is None:
         raise HTTPException(401, "a valid API key is required (X-API-Key header or "
                                  "Authorization: Bearer)", headers={"WWW-Authenticate": "Bearer"})
-    if keys[key] != "rw":
+    if mode != "rw":
         raise HTTPException(403, "this API key is read-only")
 
 
 def require_read(request: Request, settings: SettingsDep) -> None:
-    keys = settings.parsed_api_keys()
-    if not keys or not settings.auth_reads:
+    if not settings.parsed_api_keys() or not settings.auth_reads:
         return
     # a browser on the dashboard presents it as a cookie (set at /key); never for writes, so a
     # page of another site cannot make the browser write with it
-    if (_presented_key(request) or request.cookies.get("tuner_api_key")) not in keys:
+    presented = _presented_key(request) or request.cookies.get("tuner_api_key")
+    if key_mode(settings, presented) is None:
         raise HTTPException(401, "a valid API key is required to read",
                             headers={"WWW-Authenticate": "Bearer"})
 

@@ -1,9 +1,17 @@
-"""Checking a request against the kernel registry; errors name the offending field."""
+"""Checking a request: text and numbers no route can take (``HostileInputGuard``, before any
+route runs), then against the kernel registry and what the live workers can run. Errors name
+the offending field."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.responses import JSONResponse
 
 from search_spaces import get_kernel
 from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
@@ -29,15 +37,15 @@ def check_dtype(kernel: TunableKernel, dtype: str, field: str = "dtype") -> None
                                f"of {', '.join(kernel.dtypes)}", field=field)
 
 
-def check_interpreter_dtype(kernel: TunableKernel, dtype: str, backend: str,
-                            device: str | None) -> None:
-    """A job pinned to the CPU interpreter cannot verify dtypes the interpreter computes wrongly
-    (it would only fail on the worker, minutes later)."""
-    pinned = backend == "interpret" or device == INTERPRETER_KEY
-    if pinned and dtype in getattr(kernel, "interpreter_unsupported_dtypes", ()):
+def check_interpreter_dtype(kernel: TunableKernel, dtype: str, only_interpreter: bool) -> None:
+    """A job only the CPU interpreter can run (it asks for it, or the only live workers are
+    interpreter workers) cannot verify dtypes the interpreter computes wrongly (it would only
+    fail on the worker, minutes later)."""
+    if only_interpreter and dtype in kernel.interpreter_unsupported_dtypes:
         raise UnsupportedDtype(f"dtype {dtype!r} cannot be checked on the Triton CPU "
-                               "interpreter (it computes it wrongly); target a GPU or use "
-                               "another dtype", field="dtype")
+                               "interpreter (it computes it wrongly), the only backend that can "
+                               "run this job here; target a GPU or use another dtype",
+                               field="dtype")
 
 
 def check_shape(kernel: TunableKernel, shape: Mapping[str, Any], field: str) -> dict[str, int]:
@@ -57,3 +65,161 @@ def check_strategy(name: str) -> None:
     if name not in strategy_names():
         raise InvalidRequest(f"unknown strategy {name!r}; choose one of "
                              f"{', '.join(strategy_names())}", field="strategy")
+
+
+#: launches of the kernel in one interpreter trial: one verified against the reference, three
+#: timed (tuner/backends/child.py)
+INTERPRETER_LAUNCHES_PER_TRIAL = 4
+#: the Triton 3.9 CPU interpreter's fastest rates measured on a 2-core x86 machine: matmul
+#: 512^3 fp16 at BLOCK 256x256x128 ran at 0.82 GFLOP/s (the default 64x64x32 tiles: 0.09),
+#: softmax 1024x4096 fp16 moved 5 MB/s; the byte rate is taken 2x faster than measured so that
+#: the estimate stays a lower bound on other machines and kernels
+INTERPRETER_FLOP_PER_S = 0.82e9
+INTERPRETER_BYTES_PER_S = 10e6
+
+
+def interpreter_trial_seconds(kernel: TunableKernel, shape: Mapping[str, int],
+                              dtype: str) -> float:
+    """A lower bound on one trial's time on the CPU interpreter, from the kernel's flop and
+    byte counts (0 where the kernel gives none)."""
+    launch = max(kernel.flops(shape) / INTERPRETER_FLOP_PER_S,
+                 kernel.bytes(shape, dtype) / INTERPRETER_BYTES_PER_S)
+    return INTERPRETER_LAUNCHES_PER_TRIAL * launch
+
+
+def check_interpreter_size(kernel: TunableKernel, shapes: list[dict[str, int]], dtype: str,
+                           limit_s: float) -> None:
+    """A job only the interpreter can run must not sit at 0 trials for hours: refuse shapes
+    whose one trial would take longer than ``limit_s`` (TUNER_INTERPRETER_TRIAL_LIMIT_S)."""
+    for i, shape in enumerate(shapes):
+        estimate = interpreter_trial_seconds(kernel, shape, dtype)
+        if estimate > limit_s:
+            raise InvalidRequest(
+                f"shape {shape} is too large for the Triton CPU interpreter, the only backend "
+                f"that can run this job here: one trial would take at least {estimate:.0f} s "
+                f"(this service's limit: {limit_s:.0f} s); use a smaller shape or target a "
+                "GPU", field=f"shapes.{i}")
+
+
+# -- hostile input -----------------------------------------------------------------------------
+
+#: text a database cannot store (PostgreSQL rejects NUL) or UTF-8 cannot encode (lone UTF-16
+#: surrogates, which JSON's \ud800 escapes can produce)
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+#: a JSON body needs the full check only if it may hold such text or a non-finite number:
+#: an escape, NaN/Infinity (Python's json accepts them), a 3-digit exponent or a mantissa long
+#: enough to overflow a float (1e999 and 1000...0.0 parse as inf)
+_SUSPECT_JSON = re.compile(rb"\\u|NaN|Infinity|[eE][-+]?\d{3}|\d{300}")
+_BAD_TEXT_MSG = ("text with a NUL character or a lone UTF-16 surrogate cannot be stored; send "
+                 "valid Unicode")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _printable(text: str) -> str:
+    """Text safe to put in a JSON response (surrogates as backslash escapes)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _query_problem(query_string: bytes) -> tuple[list[str | int], str] | None:
+    # parsed as Starlette parses it for the routes
+    for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        if _BAD_TEXT.search(name) or _BAD_TEXT.search(value):
+            return ["query", _printable(name)], f"query parameter {_printable(name)!r}: " \
+                + _BAD_TEXT_MSG
+    return None
+
+
+def _json_problem(document: Any) -> tuple[list[str | int], str] | None:
+    """The first bad string (value or key) or non-finite number, with its location."""
+    stack: list[tuple[list[str | int], Any]] = [(["body"], document)]
+    while stack:  # iterative: a deeply nested body must not exhaust the stack
+        loc, value = stack.pop()
+        if isinstance(value, str) and _BAD_TEXT.search(value):
+            return loc, _BAD_TEXT_MSG
+        if isinstance(value, float) and not math.isfinite(value):
+            return loc, "NaN and infinite numbers are not accepted; send a finite number"
+        if isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if _BAD_TEXT.search(key):
+                    return [*loc, _printable(key)], "a key: " + _BAD_TEXT_MSG
+                stack.append(([*loc, key], item))
+        elif isinstance(value, list):
+            stack.extend(([*loc, i], item) for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+def _body_problem(body: bytes) -> tuple[list[str | int], str] | None:
+    if not _SUSPECT_JSON.search(body):
+        return None
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the route's own parsing answers it (400 or 422)
+    return _json_problem(document)
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether FastAPI will parse the body as JSON (it does without a content type too)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            kind = value.split(b";")[0].strip().lower()
+            return kind.startswith(b"application/") and (kind == b"application/json"
+                                                         or kind.endswith(b"+json"))
+    return True
+
+
+class HostileInputGuard:
+    """ASGI middleware: a 422 naming the field, before any route runs, for a path, query
+    parameter or JSON body field holding a NUL or a lone surrogate, and for NaN or infinite
+    numbers in a JSON body. Each would otherwise reach the database or the response encoder
+    and end as a 500 (PostgreSQL refuses NUL, UTF-8 refuses surrogates, JSON refuses NaN)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        problem: tuple[list[str | int], str] | None = None
+        if _BAD_TEXT.search(scope.get("path", "")):
+            problem = ["path"], "the path: " + _BAD_TEXT_MSG
+        problem = problem or _query_problem(scope.get("query_string", b""))
+        if problem is None and scope["method"] in ("POST", "PUT", "PATCH") and _is_json(scope):
+            body, receive = await _buffered(receive)
+            problem = _body_problem(body)
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        loc, msg = problem
+        response = JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": "value_error"}]},
+                                status_code=422)
+        await response(scope, receive, send)
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The whole request body, and a receive that hands it to the app again."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            return b"", receive
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay

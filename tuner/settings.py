@@ -18,13 +18,16 @@ def default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
+    # errors name the variable but never echo its value (TUNER_API_KEYS holds secrets)
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore",
+                                      hide_input_in_errors=True)
 
     #: folder for the default SQLite database and exported config files
     data_dir: Path = Field(default_factory=default_data_dir)
     #: SQLAlchemy URL; default: SQLite file ``<data_dir>/tuner.db``
     database_url: str = ""
-    #: comma-separated keys allowed to write (submit, cancel); ``key:ro`` marks a read-only key
+    #: comma-separated API keys: ``key`` or ``key:rw`` may write (submit, cancel), ``key:ro``
+    #: only read; anything else stops start-up (a typo must not make a key read-write)
     api_keys: str = ""
     #: when true, reads need a key too
     auth_reads: bool = False
@@ -56,12 +59,21 @@ class Settings(BaseSettings):
     miss_cap_per_kernel: int = Field(default=32, ge=0)
     #: trial budget of the job queued for a miss
     miss_trials: int = Field(default=48, gt=0)
+    #: jobs that only the CPU interpreter can run are refused when one trial of a shape is
+    #: estimated to take longer than this many seconds (``api/validation.py``)
+    interpreter_trial_limit_s: float = Field(default=600.0, gt=0)
 
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
         if value not in ("auto", "cuda", "interpret"):
             raise ValueError("TUNER_BACKEND must be auto, cuda or interpret")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _known_key_modes(cls, value: str) -> str:
+        _parse_api_keys(value)
         return value
 
     @model_validator(mode="after")
@@ -79,14 +91,28 @@ class Settings(BaseSettings):
 
     def parsed_api_keys(self) -> dict[str, str]:
         """key -> "rw" | "ro"."""
-        keys: dict[str, str] = {}
-        for raw in self.api_keys.split(","):
-            raw = raw.strip()
-            if not raw:
-                continue
-            key, _, mode = raw.partition(":")
-            keys[key] = "ro" if mode == "ro" else "rw"
-        return keys
+        return _parse_api_keys(self.api_keys)
+
+
+def _parse_api_keys(text: str) -> dict[str, str]:
+    """``"a,b:rw,c:ro"`` -> ``{"a": "rw", "b": "rw", "c": "ro"}``; ValueError naming
+    TUNER_API_KEYS for an empty key or a mode other than rw and ro."""
+    keys: dict[str, str] = {}
+    # the messages never quote an entry: it is a secret, and start-up errors end up in logs
+    for number, raw in enumerate(text.split(","), start=1):
+        raw = raw.strip()
+        if not raw:
+            continue
+        key, sep, mode = raw.partition(":")
+        if not key.strip():
+            raise ValueError(f"TUNER_API_KEYS: entry {number} has an empty key; write key, "
+                             "key:rw or key:ro, comma-separated")
+        if sep and mode not in ("rw", "ro"):
+            raise ValueError(f"TUNER_API_KEYS: entry {number} has an unknown mode after ':' "
+                             "(keys contain no ':'); the mode is rw (read-write, the default) "
+                             "or ro (read-only), in lower case")
+        keys[key.strip()] = mode or "rw"
+    return keys
 
 
 class ClientSettings(BaseSettings):

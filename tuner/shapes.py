@@ -8,6 +8,10 @@ from typing import Any
 from tuner.errors import InvalidShape
 from tuner.kernel import Dim
 
+#: the largest dimension any kernel takes, whatever its bounds say: Triton indexes with 32-bit
+#: integers, and a larger value sent to the API is a typo, not a problem to tune
+MAX_DIM = 2**31 - 1
+
 
 def parse_shape(text: str) -> dict[str, int]:
     """``"M=4096,N=4096,K=4096"`` -> ``{"M": 4096, "N": 4096, "K": 4096}``."""
@@ -47,9 +51,10 @@ def validate_shape(dims: Sequence[Dim], shape: Mapping[str, Any]) -> dict[str, i
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidShape(f"shape {d.name}={value!r}: must be an integer",
                                field=f"shape.{d.name}")
-        if not d.lo <= value <= d.hi:
+        hi = min(d.hi, MAX_DIM)
+        if not d.lo <= value <= hi:
             raise InvalidShape(f"shape {d.name}={value}: every dimension must be between "
-                               f"{d.lo} and {d.hi}", field=f"shape.{d.name}")
+                               f"{d.lo} and {hi}", field=f"shape.{d.name}")
         out[d.name] = value
     return out
 

@@ -1,5 +1,6 @@
-"""Liveness (``/healthz``: the process answers, and what the database says of the workers) and
-readiness (``/readyz``: the database answers)."""
+"""Liveness (``/healthz``: the process answers, and what the database says of the workers:
+each device, each worker process with its GPU, and the queue) and readiness (``/readyz``: the
+database answers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from api.routes.devices import worker_public
 from db import repo
 from search_spaces import kernel_names, plugin_errors
 from tuner.settings import Settings
@@ -18,8 +20,10 @@ router = APIRouter(tags=["health"])
 
 
 def worker_health(session: Session, settings: Settings) -> dict[str, Any]:
-    """Devices whose workers beat within one lease length, the tasks held now (a lease that
-    expired means a dead worker the reaper has not re-queued yet) and the queue length."""
+    """Devices whose workers beat within one lease length, every worker process known (its GPU
+    index and UUID, device, status, current task, seconds since it beat, alive: within one
+    lease length), the tasks held now (a lease that expired means a dead worker the reaper has
+    not re-queued yet) and the queue length."""
     devices = []
     for d in repo.list_devices(session):
         ago = repo.seconds_since(d.last_seen_at)
@@ -31,8 +35,17 @@ def worker_health(session: Session, settings: Settings) -> dict[str, Any]:
                 "lease_ok": t.lease_expires_at is None
                 or (repo.seconds_since(t.lease_expires_at) or 0) < 0}
                for t in repo.running_tasks(session)]
+    workers = [_worker(w, settings.lease_seconds) for w in repo.list_workers(session)]
     counts = repo.count_tasks_by_status(session)
-    return {"devices": devices, "running": running, "queued_tasks": counts.get("queued", 0)}
+    return {"devices": devices, "workers": workers, "running": running,
+            "queued_tasks": counts.get("queued", 0)}
+
+
+def _worker(row: Any, lease_seconds: float) -> dict[str, Any]:
+    w = worker_public(row, lease_seconds)
+    return {"id": w.id, "host": w.host, "index": w.gpu_index, "uuid": w.gpu_uuid,
+            "device": w.device, "kind": w.kind, "status": w.status, "alive": w.alive,
+            "task_id": w.task_id, "error": w.error, "seen_seconds_ago": w.seen_seconds_ago}
 
 
 @router.get("/healthz")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
+from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
 from api.schemas import (
+    INT32_MAX,
     JobCreate,
     JobCreated,
     JobPublic,
@@ -18,8 +20,10 @@ from api.schemas import (
     TrialsPublic,
 )
 from api.validation import (
+    INTERPRETER_KEY,
     check_dtype,
     check_interpreter_dtype,
+    check_interpreter_size,
     check_shape,
     check_strategy,
     kernel_or_error,
@@ -28,6 +32,7 @@ from db import repo
 from db.models import Job, Trial
 from tuner.errors import InvalidRequest
 from tuner.kernel import TunableKernel
+from tuner.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -36,7 +41,7 @@ def job_url(job_id: str) -> str:
     return f"/api/v1/jobs/{job_id}"
 
 
-def job_public(job: Job) -> JobPublic:
+def job_public(job: Job, waiting: str | None = None) -> JobPublic:
     tasks = [TaskPublic(id=t.id, shape=t.shape, status=t.status, trials_done=t.trials_done,
                         budget_trials=job.budget_trials, best_ms=t.best_ms,
                         best_config=t.best_config, outcome_counts=t.outcome_counts or {},
@@ -47,7 +52,26 @@ def job_public(job: Job) -> JobPublic:
                      budget_trials=job.budget_trials, budget_seconds=job.budget_seconds,
                      device=job.device_key, created_at=job.created_at,
                      started_at=job.started_at, finished_at=job.finished_at, error=job.error,
-                     url=job_url(job.id), tasks=tasks)
+                     url=job_url(job.id), waiting=waiting, tasks=tasks)
+
+
+def waiting_note(session: Session, job: Job, settings: Settings) -> str | None:
+    """Why a queued job has not started (no live worker has its device), once it has waited
+    one lease length: a worker that is alive beats within that."""
+    return repo.waiting_note(session, job, after_s=settings.lease_seconds,
+                             seen_within_s=settings.lease_seconds)
+
+
+def only_interpreter(session: Session, body: JobCreate, settings: Settings) -> bool:
+    """Whether only the CPU interpreter can run the job: it asks for it, or it targets no
+    device and every live worker is an interpreter worker."""
+    if body.backend == "interpret" or body.device == INTERPRETER_KEY:
+        return True
+    if body.device is not None or body.backend == "cuda":
+        return False
+    live = repo.live_device_keys(session, settings.lease_seconds)
+    kinds = {d.key: d.kind for d in repo.list_devices(session)}
+    return bool(live) and all(kinds.get(key, "") == "interpret" for key in live)
 
 
 def _validated_shapes(kernel: TunableKernel, body: JobCreate,
@@ -72,12 +96,15 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     at once and the status is 200. Its configs are then at ``GET /configs``."""
     kernel = kernel_or_error(body.kernel)
     check_dtype(kernel, body.dtype)
-    check_interpreter_dtype(kernel, body.dtype, body.backend, body.device)
+    interpreter = only_interpreter(session, body, settings)
+    check_interpreter_dtype(kernel, body.dtype, interpreter)
     check_strategy(body.strategy)
     if body.budget.trials > settings.max_trials:
         raise InvalidRequest(f"budget.trials {body.budget.trials} is above this service's "
                              f"limit of {settings.max_trials}", field="budget.trials")
     shapes = _validated_shapes(kernel, body, settings.max_shapes_per_job)
+    if interpreter:
+        check_interpreter_size(kernel, shapes, body.dtype, settings.interpreter_trial_limit_s)
     fields: dict[str, Any] = dict(
         kernel=kernel.name, kernel_version=kernel.version, dtype=body.dtype, shapes=shapes,
         budget_trials=body.budget.trials, budget_seconds=body.budget.seconds,
@@ -96,16 +123,22 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
 
 
 @router.get("", response_model=JobsPublic, dependencies=[ReadAccess])
-def list_jobs(session: SessionDep, status: JobStatus | None = None, kernel: str | None = None,
-              limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> JobsPublic:
+def list_jobs(session: SessionDep, settings: SettingsDep, status: JobStatus | None = None,
+              kernel: str | None = Query(None, max_length=100),
+              limit: int = Query(50, ge=1, le=500),
+              offset: int = Query(0, ge=0, le=INT32_MAX)) -> JobsPublic:
     jobs, total = repo.list_jobs(session, status=status, kernel=kernel, limit=limit,
                                  offset=offset)
-    return JobsPublic(data=[job_public(j) for j in jobs], count=total)
+    return JobsPublic(data=[job_public(j, waiting_note(session, j, settings)) for j in jobs],
+                      count=total)
 
 
 @router.get("/{job_id}", response_model=JobPublic, dependencies=[ReadAccess])
-def get_job(job_id: str, session: SessionDep) -> JobPublic:
-    return job_public(repo.get_job(session, job_id))
+def get_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobPublic:
+    """A job and its tasks; ``waiting`` says why a queued job has not started (no live worker
+    has its device)."""
+    job = repo.get_job(session, job_id)
+    return job_public(job, waiting_note(session, job, settings))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteAccess])
@@ -132,7 +165,8 @@ def job_trials(job_id: str, session: SessionDep) -> TrialsPublic:
 
 @router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialsPublic,
             dependencies=[ReadAccess])
-def task_trials(job_id: str, task_id: int, session: SessionDep) -> TrialsPublic:
+def task_trials(job_id: str, session: SessionDep,
+                task_id: int = Path(ge=0, le=INT32_MAX)) -> TrialsPublic:
     task = repo.get_task(session, task_id)
     if task.job_id != job_id:
         raise repo.NotFound(f"job {job_id} has no task {task_id}")

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import ReadAccess, SessionDep
 from api.routes.jobs import job_url
-from api.schemas import MissesPublic, MissPublic, MissStatus
+from api.schemas import INT32_MAX, MissesPublic, MissPublic, MissStatus
 from db import repo
 from db.models import Miss
 
@@ -26,7 +26,7 @@ def miss_public(miss: Miss) -> MissPublic:
 @router.get("", response_model=MissesPublic, dependencies=[ReadAccess])
 def list_misses(session: SessionDep, kernel: str | None = Query(None, max_length=100),
                 status: MissStatus | None = None, limit: int = Query(50, ge=1, le=500),
-                offset: int = Query(0, ge=0)) -> MissesPublic:
+                offset: int = Query(0, ge=0, le=INT32_MAX)) -> MissesPublic:
     """Recorded misses, most recently reported first (``count``: how many match in all).
     ``status`` is the status of the miss's tuning job (``queued``, ``running``, ``tuned``,
     ``failed``), else why none was queued (``rate-limited``, ``capped``,

@@ -34,13 +34,24 @@ def _presented_key(request: Request) -> str | None:
     return key or None
 
 
-def _secret_bytes(text: str) -> bytes:
-    # headers arrive as latin-1 text and keys from the environment may carry surrogates:
-    # compare_digest takes any bytes but only ASCII str
-    return text.encode("utf-8", "surrogatepass")
+def _secret_bytes(secret: str | bytes) -> bytes:
+    # compare_digest takes any bytes but only ASCII text; configured keys (and form fields)
+    # are text, compared as UTF-8 (surrogates from the environment included)
+    return secret if isinstance(secret, bytes) else secret.encode("utf-8", "surrogatepass")
 
 
-def key_mode(settings: Settings, presented: str | None) -> str | None:
+def _header_bytes(text: str | None) -> bytes | None:
+    """A header's value as the client sent it (Starlette decodes headers, and the cookies in
+    them, as latin-1): a client sends a non-ASCII key as its UTF-8 bytes."""
+    if not text:
+        return None
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return _secret_bytes(text)
+
+
+def key_mode(settings: Settings, presented: str | bytes | None) -> str | None:
     """The mode ("rw" or "ro") of the presented key, None for none or an unknown one.
 
     Compared in constant time with every configured key, matched or not, so that response
@@ -58,7 +69,7 @@ def key_mode(settings: Settings, presented: str | None) -> str | None:
 def require_write(request: Request, settings: SettingsDep) -> None:
     if not settings.parsed_api_keys():
         return
-    mode = key_mode(settings, _presented_key(request))
+    mode = key_mode(settings, _header_bytes(_presented_key(request)))
     if mode is None:
         raise HTTPException(401, "a valid API key is required (X-API-Key header or "
                                  "Authorization: Bearer)", headers={"WWW-Authenticate": "Bearer"})
@@ -72,7 +83,7 @@ def require_read(request: Request, settings: SettingsDep) -> None:
     # a browser on the dashboard presents it as a cookie (set at /key); never for writes, so a
     # page of another site cannot make the browser write with it
     presented = _presented_key(request) or request.cookies.get("tuner_api_key")
-    if key_mode(settings, presented) is None:
+    if key_mode(settings, _header_bytes(presented)) is None:
         raise HTTPException(401, "a valid API key is required to read",
                             headers={"WWW-Authenticate": "Bearer"})
 

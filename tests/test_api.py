@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
+from datetime import timedelta
 
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.validation import interpreter_trial_seconds
+from db import repo
 from db.engine import init_db
 from tests.api_support import GPU, INTERPRETER, JOB, SHAPE, config_params, run_worker_once, store
+from tuner.settings import Settings
 from tuner.worker import Worker
 
 
@@ -145,3 +153,95 @@ def test_unknown_job_is_404_in_the_same_error_shape(api_client):
 def test_a_bad_list_filter_is_422_naming_it(api_client):
     got = api_client.get("/api/v1/jobs", params={"status": "sleeping"})
     assert got.status_code == 422 and got.json()["detail"][0]["loc"] == ["query", "status"]
+
+
+# -- admission: work that cannot succeed here ---------------------------------------------------
+
+@pytest.fixture
+def any_client(any_db_url: str) -> Iterator[TestClient]:
+    """The app on a fresh SQLite file or PostgreSQL database."""
+    with TestClient(create_app(Settings(database_url=any_db_url))) as client:
+        yield client
+
+
+def live_worker(db_url: str, device: str, kind: str, *, minutes_ago: float = 0) -> None:
+    """A worker of ``device`` as it registers itself, last seen ``minutes_ago``."""
+    with init_db(db_url)() as session:
+        repo.upsert_device(session, {"key": device, "kind": kind, "name": device})
+        row = repo.register_worker(session, worker_id=f"w-{device}", host="h", pid=1,
+                                   device_key=device, kind=kind, gpu_index=None, gpu_uuid=None)
+        row.last_seen_at = row.last_seen_at - timedelta(minutes=minutes_ago)
+        session.commit()
+
+
+BF16 = {**JOB, "dtype": "bfloat16"}
+
+
+def test_bf16_matmul_is_refused_when_only_interpreter_workers_are_live(any_client, any_db_url):
+    assert any_client.post("/api/v1/jobs", json=BF16).status_code == 202  # no worker: unknown
+    live_worker(any_db_url, INTERPRETER, "interpret")
+    refused = any_client.post("/api/v1/jobs", json={**BF16, "budget": {"trials": 4}})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "dtype"]
+    assert "interpreter" in refused.json()["detail"][0]["msg"]
+    assert any_client.post("/api/v1/jobs", json={**BF16, "device": GPU}).status_code == 202
+    live_worker(any_db_url, GPU, "cuda")  # a GPU can run it
+    assert any_client.post("/api/v1/jobs", json={**BF16, "budget": {"trials": 4}}).status_code == (
+        202)
+
+
+def test_a_gpu_worker_gone_for_long_no_longer_counts(any_client, any_db_url):
+    live_worker(any_db_url, INTERPRETER, "interpret")
+    live_worker(any_db_url, GPU, "cuda", minutes_ago=30)
+    assert any_client.post("/api/v1/jobs", json=BF16).status_code == 422
+
+
+def test_a_shape_whose_interpreter_trial_is_too_long_is_refused(any_client, any_db_url):
+    huge = {"M": 4096, "N": 4096, "K": 4096}
+    pinned = any_client.post("/api/v1/jobs", json={**JOB, "backend": "interpret",
+                                                   "shapes": [SHAPE, huge]})
+    assert pinned.status_code == 422
+    assert pinned.json()["detail"][0]["loc"] == ["body", "shapes", 1]
+    assert "interpreter" in pinned.json()["detail"][0]["msg"]
+    assert any_client.post("/api/v1/jobs", json={**JOB, "device": INTERPRETER,
+                                                 "shapes": [huge]}).status_code == 422
+    assert any_client.post("/api/v1/jobs", json={**JOB, "shapes": [huge]}).status_code == 202
+    live_worker(any_db_url, INTERPRETER, "interpret")
+    assert any_client.post("/api/v1/jobs", json={**JOB, "shapes": [huge], "budget": {
+        "trials": 4}}).status_code == 422
+    medium = {"M": 1024, "N": 1024, "K": 1024}  # about 10 s a trial: slow but possible
+    assert any_client.post("/api/v1/jobs", json={**JOB, "shapes": [medium]}).status_code == 202
+    live_worker(any_db_url, GPU, "cuda")
+    assert any_client.post("/api/v1/jobs", json={**JOB, "shapes": [huge], "budget": {
+        "trials": 5}}).status_code == 202
+
+
+def test_the_interpreter_estimate_grows_with_the_problem():
+    from search_spaces import get_kernel
+
+    matmul = get_kernel("matmul")
+    small = interpreter_trial_seconds(matmul, SHAPE, "float16")
+    assert 0 < small < 0.01
+    assert interpreter_trial_seconds(matmul, {"M": 4096, "N": 4096, "K": 4096},
+                                     "float16") > 600 > interpreter_trial_seconds(
+        matmul, {"M": 2048, "N": 2048, "K": 2048}, "float16")
+
+
+def age_job(db_url: str, job_id: str, minutes: float) -> None:
+    with init_db(db_url)() as session:
+        job = repo.get_job(session, job_id)
+        job.created_at = job.created_at - timedelta(minutes=minutes)
+        session.commit()
+
+
+def test_a_job_for_a_device_no_worker_has_says_it_is_waiting(any_client, any_db_url):
+    live_worker(any_db_url, INTERPRETER, "interpret")
+    made_up = any_client.post("/api/v1/jobs", json={**JOB, "device": "cuda:Made Up:sm00"}).json()
+    served = any_client.post("/api/v1/jobs", json={**JOB, "device": INTERPRETER}).json()
+    assert any_client.get(made_up["url"]).json()["waiting"] is None  # not one lease length yet
+    age_job(any_db_url, made_up["id"], 5)
+    age_job(any_db_url, served["id"], 5)
+    waiting = any_client.get(made_up["url"]).json()["waiting"]
+    assert "cuda:Made Up:sm00" in waiting and INTERPRETER in waiting
+    assert any_client.get(served["url"]).json()["waiting"] is None  # a live worker has it
+    listed = {j["id"]: j["waiting"] for j in any_client.get("/api/v1/jobs").json()["data"]}
+    assert listed == {made_up["id"]: waiting, served["id"]: None}

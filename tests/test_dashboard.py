@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from html import unescape
 from typing import Any
 
@@ -294,3 +295,19 @@ def test_plotly_is_served_from_the_installed_package(api_client):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
     assert len(r.content) > 1_000_000 and b"plotly" in r.content[:2000].lower()
     assert api_client.get("/static/dashboard.js").status_code == 200
+
+
+def test_a_job_waiting_for_a_device_no_worker_has_is_flagged_on_its_page_and_the_list(
+        api_client, api_db_url):
+    waiting = _job(api_client, device="cuda:Made Up:sm00")
+    fresh = _job(api_client, device="cuda:Made Up:sm00", budget={"trials": 4})
+    with init_db(api_db_url)() as session:
+        job = repo.get_job(session, waiting)
+        job.created_at = job.created_at - timedelta(minutes=5)  # waited past a lease length
+        session.commit()
+    page = unescape(api_client.get(f"/jobs/{waiting}").text)
+    assert "<dt>waiting</dt>" in page and "no worker has served device 'cuda:Made Up:sm00'" in page
+    assert "<dt>waiting</dt>" not in api_client.get(f"/jobs/{fresh}").text
+    rows = {r[0]: r[4] for r in _cells(api_client.get("/jobs").text, "jobs")}
+    assert rows[waiting[:8]] == "queued waiting: no live worker for its device"
+    assert rows[fresh[:8]] == "queued"

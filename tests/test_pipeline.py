@@ -175,3 +175,26 @@ def test_search_with_the_backends_preferred_batch(backend):
                         SearchOptions(trials=12, seed=1, strategy="exhaustive"))
     assert result.best is not None and result.best.config["MODE"] == GOOD
     assert len({m.config for m in result.trials}) == len(result.trials) == 12
+
+
+def test_measure_reports_each_result_as_it_is_taken(backend):
+    seen = []
+    results = backend.measure([cfg(COMPILE_ERROR), cfg(GOOD), cfg(GOOD)], on_result=seen.append)
+    assert len(seen) == 2 and {m.config for m in seen} == {cfg(COMPILE_ERROR), cfg(GOOD)}
+    assert results[1] is results[2] and results[1] in seen and results[0] in seen
+
+
+def test_a_callback_that_raises_stops_the_batch_and_the_backend_still_works(backend):
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop(m):
+        seen.append(m)
+        raise Stop
+
+    with pytest.raises(Stop):
+        backend.measure([cfg(GOOD, 1), cfg(GOOD, 2), cfg(GOOD, 3)], on_result=stop)
+    assert len(seen) == 1
+    assert backend.measure([cfg(GOOD, 2)])[0].ok

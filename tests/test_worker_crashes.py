@@ -141,3 +141,85 @@ def test_any_exception_while_opening_or_searching_fails_the_task(any_db_url, mon
         task = repo.get_task(session, task_id)
         assert task.status == "failed" and task.error == "RuntimeError: the driver said no"
         assert repo.get_job(session, task.job_id).status == "failed"
+
+
+# -- 2. every finished trial reaches the database as it is measured ----------------------------
+
+#: a worker process running one task of the faulty kernel on the interpreter. The interpreter
+#: has no compile pool (its batches are one config), so batches of 8 are asked for as the
+#: GPU's compile pool makes the loop do. Before sending a config to the measuring child it
+#: prints "measuring <config> <child pid>": every config printed before is finished.
+_WORKER = """
+import functools, sys
+from db.engine import init_db
+from tests.fakes.faulty import KERNEL
+from tuner import worker
+from tuner.backends import TimingOptions
+from tuner.backends.process import ChildProcess
+
+worker.get_kernel = lambda name: KERNEL
+worker.SearchOptions = functools.partial(worker.SearchOptions, batch_size=8)
+send = ChildProcess.send
+
+def announce(self, message):
+    if message[0] == "measure":
+        print("measuring", message[1].key(), self.process.pid, flush=True)
+    send(self, message)
+
+ChildProcess.send = announce
+worker.execute_task(init_db(sys.argv[1]), int(sys.argv[2]), backend_kind="interpret",
+                    timing=TimingOptions(run_timeout_s=600, start_timeout_s=120))
+"""
+
+
+def _faulty_task(factory: Any, trials: int) -> int:
+    from tests.fakes.faulty import KERNEL
+
+    with factory() as session:
+        job = repo.create_job(session, kernel=KERNEL.name, kernel_version=KERNEL.version,
+                              dtype="float32", shapes=[{"N": 64}], budget_trials=trials,
+                              budget_seconds=None, strategy="exhaustive", force=True, seed=0,
+                              backend="interpret", device_key=None)
+        task_id = int(job.tasks[0].id)
+        repo.start_task_locally(session, task_id, worker_id="cli")
+        session.commit()
+    return task_id
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_batch_keeps_every_finished_trial(any_db_url, tmp_path):
+    from tests.fakes.faulty import HANG
+
+    factory = init_db(any_db_url)
+    task_id = _faulty_task(factory, trials=24)
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER, any_db_url, str(task_id)],
+                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    measuring: list[tuple[str, int]] = []
+    try:
+        # the first batch: MODE=0 x3 (good), then MODE=1 x3 (each kills the child), then
+        # MODE=2 (hangs): killed while it hangs, six configs of the batch are finished
+        for line in proc.stdout:
+            _word, key, pid = line.split()
+            measuring.append((key, int(pid)))
+            if key == f"MODE={HANG},SLOW=1":
+                break
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        _kill(proc.pid)
+        for _key, pid in measuring:  # the hung child (until children die with their parent)
+            _kill(pid)
+    finished = [key for key, _pid in measuring[:-1]]
+    with factory() as session:
+        trials = repo.trials_for_task(session, task_id)
+    assert len(finished) == 6
+    assert [t.config_key for t in trials] == finished
+    assert [t.outcome for t in trials] == ["ok"] * 3 + ["crash"] * 3

@@ -166,6 +166,10 @@ class SearchLoop:
         if self.on_trial is not None:
             self.on_trial(len(self.trials), measurement)
 
+    def _record_fresh(self, measurement: Measurement) -> None:
+        if measurement.config not in self.tried:
+            self._record(measurement)
+
     def _margin(self, best: Measurement) -> float:
         return max(self.options.min_improvement, best.noise)
 
@@ -222,8 +226,10 @@ class SearchLoop:
             if not batch:
                 return "space exhausted"
             fresh = [c for c, _ in dict.fromkeys(batch) if c not in self.tried]
-            for m in self.backend.measure(fresh):
-                self._record(m)
+            # each trial is recorded (and stored by on_trial) as soon as it is measured
+            measured = self.backend.measure(fresh, on_result=self._record_fresh)
+            for m in measured:  # a backend that did not report a result as it went
+                self._record_fresh(m)
             for config, _asked in batch:
                 self.strategy.tell(config, self.tried[config])
             reason = self._stop_reason(started)

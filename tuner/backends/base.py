@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -10,6 +10,9 @@ from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.measurement import Measurement
 from tuner.space import SearchSpace
+
+#: called with each measurement as soon as it is taken, before the rest of its batch is
+MeasuredCallback = Callable[[Measurement], None]
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,11 @@ class Backend(Protocol):
 
     ``measure`` never raises for a bad config: every failure is returned as a Measurement with
     its Outcome. It raises ``WorkerDied`` only when the device itself cannot be used any more.
-    Not thread-safe: one search loop drives one backend.
+    It passes each measurement to ``on_result`` the moment it is taken (once per distinct
+    config), so that a caller can store it before the rest of the batch runs: a batch that ends
+    in a dead device or process loses none of its finished measurements. An exception raised by
+    ``on_result`` stops the batch and propagates. Not thread-safe: one search loop drives one
+    backend.
     """
 
     fingerprint: DeviceFingerprint
@@ -52,7 +59,10 @@ class Backend(Protocol):
         """The part of ``space`` this backend can answer (a replay table's configs)."""
         ...
 
-    def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]: ...
+    def measure(self, configs: Sequence[KernelConfig],
+                on_result: MeasuredCallback | None = None) -> list[Measurement]:
+        """One measurement per config, in the order of ``configs``."""
+        ...
 
     def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
         """Time ``configs`` again, interleaved round-robin, for a fair final comparison."""

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from tuner.backends.base import TimingOptions
+from tuner.backends.base import MeasuredCallback, TimingOptions
 from tuner.backends.child import child_main, is_sticky
 from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
@@ -187,30 +187,40 @@ class ProcessBackend:
     def restrict(self, space: SearchSpace) -> SearchSpace:
         return space
 
-    def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]:
+    def measure(self, configs: Sequence[KernelConfig],
+                on_result: MeasuredCallback | None = None) -> list[Measurement]:
         """Measure a batch; with a compile pool, the GPU times each config as soon as its
-        compile finished while the pool compiles the rest."""
+        compile finished while the pool compiles the rest. Each result goes to ``on_result``
+        as soon as it is known."""
         unique = list(dict.fromkeys(configs))
+        results: dict[KernelConfig, Measurement] = {}
+
+        def done(m: Measurement) -> None:
+            results[m.config] = m
+            if on_result is not None:
+                on_result(m)
+
         if self._pool is None:
-            by_config = {c: self._measure_one(c) for c in unique}
-            return [by_config[c] for c in configs]
+            for config in unique:
+                done(self._measure_one(config))
+            return [results[c] for c in configs]
         self._pool.submit(unique)
         wanted = set(unique)
-        results: dict[KernelConfig, Measurement] = {}
         ready: deque[Compiled] = deque()
         while len(results) < len(unique):
-            for done in self._pool.poll(0.0 if ready else 0.5):
-                if done.config not in wanted or done.config in results:
+            for compiled in self._pool.poll(0.0 if ready else 0.5):
+                if compiled.config not in wanted or compiled.config in results:
                     continue  # left over from an earlier, abandoned batch
-                if done.failure is not None:
-                    results[done.config] = done.failure
+                if compiled.failure is not None:
+                    wanted.discard(compiled.config)
+                    done(compiled.failure)
                 else:
-                    ready.append(done)
+                    ready.append(compiled)
             if ready:
-                done = ready.popleft()
-                m = self._measure_one(done.config)
-                results[done.config] = replace(m, compile_s=done.seconds)
-                wanted.discard(done.config)
+                compiled = ready.popleft()
+                wanted.discard(compiled.config)
+                m = self._measure_one(compiled.config)
+                done(replace(m, compile_s=compiled.seconds))
         return [results[c] for c in configs]
 
     def _measure_one(self, config: KernelConfig) -> Measurement:

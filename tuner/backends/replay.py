@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.backends.base import MeasuredCallback
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint, replay_fingerprint
 from tuner.errors import ReplayTableError
@@ -101,8 +102,14 @@ class ReplayBackend:
         return Measurement(config, Outcome.OK, p20_ms=value, p50_ms=value, p80_ms=value,
                            compile_s=0.0, max_error=0.0)
 
-    def measure(self, configs: Sequence[KernelConfig]) -> list[Measurement]:
-        return [self._one(c) for c in configs]
+    def measure(self, configs: Sequence[KernelConfig],
+                on_result: MeasuredCallback | None = None) -> list[Measurement]:
+        by_config: dict[KernelConfig, Measurement] = {}
+        for config in dict.fromkeys(configs):
+            by_config[config] = self._one(config)
+            if on_result is not None:
+                on_result(by_config[config])
+        return [by_config[c] for c in configs]
 
     def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
         return [self._one(c) for c in configs]

@@ -69,6 +69,18 @@ def test_resumed_trials_count_against_the_budget(table):
     assert backend.calls - 0 <= 6 + len(second.finalists)
 
 
+def test_a_resumed_search_with_patience_measures_new_trials(table):
+    k = get_kernel("matmul")
+    first = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                       SearchOptions(trials=10, seed=0, retime_rounds=0))
+    backend = ReplayBackend(table)
+    second = run_search(k, table.shape, table.dtype, backend,
+                        SearchOptions(trials=40, seed=0, patience=5, retime_rounds=0,
+                                      resume=first.trials))
+    assert backend.calls >= 5 and len(second.trials) >= 15
+    assert second.trials[:10] == first.trials
+
+
 def test_search_stops_once_the_best_is_near_the_roofline(table):
     # a floor 3% under the table's best: the search stops as soon as it finds a config within
     # 95% of the roof, well before its 48-trial budget

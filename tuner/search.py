@@ -204,6 +204,10 @@ class SearchLoop:
             self.strategy.tell(m.config, m)
             self.tried[m.config] = m
             self.trials.append(m)
+        # a resumed search gets a patience window of its own: the run that measured the
+        # resumed trials was not converged when it stopped, and its improvements were judged
+        # against its own noise
+        self._best_at = len(self.trials)
         try:
             reason = self._search(started)
             finalists = self._retime_finalists()

@@ -290,11 +290,9 @@ def waiting_note(session: Session, job: Job, *, now: datetime | None = None, aft
         return None
     known = sorted(set(session.scalars(select(Device.key))) | live)
     devices = ", ".join(f"{k} (live)" if k in live else k for k in known) or "none"
-    window = f"in the last {seen_within_s:g} s"
-    if job.device_key:
-        return f"no worker has served device {job.device_key!r} {window}; known devices: " \
-               f"{devices}"
-    return f"no worker has been seen {window}; known devices: {devices}"
+    missing = (f"no worker has served device {job.device_key!r}" if job.device_key
+               else "no worker has been seen")
+    return f"{missing} in the last {seen_within_s:g} s; known devices: {devices}"
 
 
 # -- jobs -------------------------------------------------------------------------------------

@@ -20,8 +20,11 @@ MIGRATION_LOCK_KEY = 0x74756E6572206462
 engine = context.config.attributes["engine"]
 
 with engine.connect() as connection:
+    # one transaction for every step, on SQLite too (Alembic would otherwise commit after each
+    # migration, releasing the write lock, and a waiting process would run the next one too)
     context.configure(connection=connection, target_metadata=Base.metadata,
-                      render_as_batch=connection.dialect.name == "sqlite")
+                      render_as_batch=connection.dialect.name == "sqlite",
+                      transactional_ddl=True)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),

@@ -56,6 +56,17 @@ def run_operation(operation: Any, base: str, mode: GenerationMode,
     return count
 
 
+def report(request: pytest.FixtureRequest, line: str) -> None:
+    """A line on the terminal, past pytest's output capture (shown with -q too)."""
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
+    if reporter is None or capture is None:
+        print(line)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(f"\n{line}")
+
+
 def test_no_operation_answers_a_server_error_or_breaks_its_schema(
         api_db_url: str, tmp_path: Path, request: pytest.FixtureRequest,
         record_property: Any) -> None:
@@ -80,11 +91,9 @@ def test_no_operation_answers_a_server_error_or_breaks_its_schema(
                     assert mode == GenerationMode.NEGATIVE, operation.label
                 except Exception as exc:  # noqa: BLE001 - collect every operation's failure
                     failures.append(f"{operation.label} ({mode.value}): {exc}")
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
     line = (f"schemathesis: {total} cases over {len(operations)} operations, "
             f"{len(failures)} failing")
-    if reporter is not None:
-        reporter.write_line(line)
+    report(request, line)
     record_property("schemathesis_cases", total)
     assert not failures, "\n\n".join(failures)
     assert len(operations) >= 9 and total >= len(operations) * MAX_EXAMPLES, line

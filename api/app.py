@@ -12,6 +12,7 @@ from fastapi import APIRouter, FastAPI
 
 from api import errors, serving
 from api.routes import configs, devices, health, jobs, kernels, misses
+from api.validation import HostileInputGuard
 from db.engine import init_db
 from search_spaces import get_kernel, kernel_names
 from tuner.settings import Settings
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api)
     app.include_router(health.router)
     errors.install(app)
+    app.add_middleware(HostileInputGuard)  # NUL, surrogates, NaN: a 422 before any route
     serving.install(app)  # Server-Timing on every response
     _mount_dashboard(app)
     return app

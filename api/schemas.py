@@ -12,9 +12,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: the largest integer a path or query parameter takes (PostgreSQL's ``integer`` columns)
+INT32_MAX = 2**31 - 1
+#: the longest wall-clock budget per shape: a year (an infinite one is no budget: leave it out)
+MAX_BUDGET_SECONDS = 365 * 86400.0
+
+
 class Budget(Strict):
     trials: int = Field(48, ge=1, le=100_000, description="trials per shape")
-    seconds: float | None = Field(None, gt=0, description="wall-clock limit per shape")
+    seconds: float | None = Field(None, gt=0, le=MAX_BUDGET_SECONDS, allow_inf_nan=False,
+                                  description="wall-clock limit per shape; none: no limit")
 
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -79,6 +86,8 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
     error: str | None
     url: str
+    waiting: str | None = Field(None, description="why a queued job has not started: no live "
+                                "worker has its device (said once it waited a lease length)")
     tasks: list[TaskPublic]
 
 
@@ -235,6 +244,25 @@ class KernelsPublic(BaseModel):
     errors: list[PluginErrorPublic] = []
 
 
+class WorkerPublic(BaseModel):
+    """A worker process: the GPU it owns (index, UUID), what it does and when it last beat."""
+
+    id: str
+    host: str | None
+    pid: int | None
+    device: str | None
+    kind: str | None
+    gpu_index: int | None
+    gpu_uuid: str | None
+    status: str
+    task_id: int | None
+    error: str | None
+    started_at: datetime | None
+    last_seen_at: datetime | None
+    seen_seconds_ago: float | None
+    alive: bool
+
+
 class DevicePublic(BaseModel):
     key: str
     kind: str
@@ -248,6 +276,8 @@ class DevicePublic(BaseModel):
     matmul_tflops: float | None
     last_seen_at: datetime | None
     seen_seconds_ago: float | None
+    #: its workers that beat within one lease length
+    workers: list[WorkerPublic] = []
 
 
 class DevicesPublic(BaseModel):

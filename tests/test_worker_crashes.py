@@ -223,3 +223,44 @@ def test_a_worker_killed_mid_batch_keeps_every_finished_trial(any_db_url, tmp_pa
     assert len(finished) == 6
     assert [t.config_key for t in trials] == finished
     assert [t.outcome for t in trials] == ["ok"] * 3 + ["crash"] * 3
+
+
+# -- 4. a worker writes only while it holds the task's lease -----------------------------------
+
+TABLE = ROOT / "tests/data/replay/matmul_4096x4096x4096_float16_h200.json"
+
+
+@pytest.mark.parametrize("stolen_after", [2, 4])
+def test_a_worker_whose_lease_went_to_another_stops_and_writes_nothing(any_db_url,
+                                                                       stolen_after):
+    """The lease is reaped and claimed by worker w2 after trial ``stolen_after`` of w1 (4 is
+    the last: the search is over, its best not yet stored)."""
+    from tuner.backends.replay import load_table
+    from tuner.worker import execute_task
+
+    factory = init_db(any_db_url)
+    with factory() as session:
+        job = repo.create_job(session, kernel="matmul", kernel_version=MATMUL.version,
+                              dtype="float16", shapes=[{"M": 4096, "N": 4096, "K": 4096}],
+                              budget_trials=4, budget_seconds=None, strategy="auto",
+                              force=True, seed=0, backend="replay", device_key=None)
+        task_id = int(job.tasks[0].id)
+        assert repo.claim_task(session, worker_id="w1", device_key="x", lease_seconds=60)
+        session.commit()
+
+    def steal(number: int, _m: Any) -> None:
+        if number == stolen_after:
+            with factory() as session:
+                assert repo.release_task(session, task_id, "w1")
+                assert repo.claim_task(session, worker_id="w2", device_key="x",
+                                       lease_seconds=60)
+                session.commit()
+
+    outcome = execute_task(factory, task_id, backend_kind="replay", worker_id="w1",
+                           replay_table=load_table(TABLE), on_trial=steal)
+    assert outcome.status == "lost" and not outcome.stored
+    with factory() as session:
+        task = repo.get_task(session, task_id)
+        assert (task.status, task.lease_owner) == ("running", "w2")
+        assert len(repo.trials_for_task(session, task_id)) == task.trials_done == stolen_after
+        assert repo.list_best(session, kernel="matmul") == []

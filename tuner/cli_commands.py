@@ -100,7 +100,7 @@ def tune(args: argparse.Namespace) -> int:
                               budget_seconds=args.seconds, strategy=args.strategy, force=True,
                               seed=args.seed, backend=backend, device_key=None)
         task_id = job.tasks[0].id
-        repo.start_task_locally(session, task_id, worker_id="cli")
+        repo.start_task_locally(session, task_id, worker_id=CLI_WORKER)
         session.commit()
     progress = _Progress(args.trials, enabled=not (args.no_progress or args.json))
     started = time.monotonic()
@@ -110,7 +110,7 @@ def tune(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         outcome = execute_task(factory, task_id, backend_kind=backend, replay_table=table,
-                               on_trial=progress.update)
+                               on_trial=progress.update, worker_id=CLI_WORKER)
     except KeyboardInterrupt:
         progress.close()
         print("tuner: interrupted before the search ran: the job is cancelled and nothing "
@@ -136,6 +136,8 @@ def tune(args: argparse.Namespace) -> int:
     return 0 if summary["best_config"] else 1
 
 
+#: the lease owner of a task ``tuner tune`` runs in its own process
+CLI_WORKER = "cli"
 #: the exit status of an interrupted ``tuner tune`` (as a shell reports death by SIGINT)
 EXIT_INTERRUPTED = 130
 

@@ -102,9 +102,13 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  replay_table: ReplayTable | None = None, device_index: int = 0,
                  timing: TimingOptions | None = None,
                  on_trial: Callable[[int, Measurement], None] | None = None,
-                 heartbeat: Callable[[], bool] | None = None) -> TaskOutcome:
+                 heartbeat: Callable[[], bool] | None = None,
+                 worker_id: str | None = None) -> TaskOutcome:
     """Run one task to its end and persist everything. ``heartbeat`` renews the lease and
-    returns False when the task is no longer ours (then the search stops)."""
+    returns False when the task is no longer ours (then the search stops). With ``worker_id``
+    (the lease owner: the worker's id, ``"cli"`` for ``tuner tune``) every write is made only
+    while the task is still that worker's: once it is not (reaped and re-queued, claimed by
+    another worker, cancelled), the search stops and the task ends ``lost``, writing nothing."""
     with factory() as session:
         task = repo.get_task(session, task_id)
         job = task.job
@@ -122,18 +126,20 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                                replay_table=replay_table, device_index=device_index,
                                timing=timing)
         try:
-            return _run_with_backend(factory, task_id, job_id, kernel, shape, dtype, backend,
-                                     options_base, resume, on_trial, heartbeat)
+            return _run_with_backend(_Run(factory, task_id, worker_id), job_id, kernel, shape,
+                                     dtype, backend, options_base, resume, on_trial, heartbeat)
         finally:
             backend.close()
+    except repo.LeaseLost as exc:
+        return _lost(factory, task_id, str(exc))
     except TunerError as exc:
-        return _finish(factory, task_id, "failed", None, None, False, str(exc))
+        return _finish(factory, task_id, "failed", None, None, False, str(exc), worker_id)
     except Exception as exc:  # noqa: BLE001 - whatever broke, the task must not stay running
         log.exception("task %s failed unexpectedly", task_id)
         return _finish(factory, task_id, "failed", None, None, False,
-                       f"{type(exc).__name__}: {exc}")
+                       f"{type(exc).__name__}: {exc}", worker_id)
     except KeyboardInterrupt:  # outside the search loop (which ends as "interrupted" itself)
-        _finish(factory, task_id, "cancelled", None, None, False, INTERRUPTED)
+        _finish(factory, task_id, "cancelled", None, None, False, INTERRUPTED, worker_id)
         raise
 
 
@@ -141,11 +147,21 @@ def job_seed(options: dict[str, Any]) -> int:
     return int(options.get("seed") or 0)
 
 
-def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel: TunableKernel,
+@dataclass(frozen=True)
+class _Run:
+    """Where a task's results go: the store, the task, and the lease owner writing them."""
+
+    factory: SessionFactory
+    task_id: int
+    worker_id: str | None
+
+
+def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                       shape: dict[str, int], dtype: str, backend: Any,
                       options_base: dict[str, Any], resume: list[Measurement],
                       on_trial: Callable[[int, Measurement], None] | None,
                       heartbeat: Callable[[], bool] | None) -> TaskOutcome:
+    factory, task_id = run.factory, run.task_id
     fp = backend.fingerprint
     with factory() as session:
         repo.upsert_device(session, fp.to_dict())
@@ -159,8 +175,8 @@ def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel
     stop = _StopCheck(factory, job_id, task_id, heartbeat)
 
     def record(number: int, m: Measurement) -> None:
-        with factory() as session:
-            repo.record_trial(session, task_id, number, m.to_dict())
+        with factory() as session:  # LeaseLost: not ours any more; the search stops
+            repo.record_trial(session, task_id, number, m.to_dict(), worker_id=run.worker_id)
             session.commit()
         if on_trial is not None:
             on_trial(number, m)
@@ -170,17 +186,19 @@ def _run_with_backend(factory: SessionFactory, task_id: int, job_id: str, kernel
         result = run_search(kernel, shape, dtype, backend, options, on_trial=record,
                             should_stop=stop)
     except WorkerDied as exc:
-        return _finish(factory, task_id, "failed", None, fp.key, False, str(exc))
+        return _finish(factory, task_id, "failed", None, fp.key, False, str(exc),
+                       run.worker_id)
     if result.stop_reason == "cancelled":
-        return _finish(factory, task_id, stop.status, result, fp.key, False, None)
+        return _finish(factory, task_id, stop.status, result, fp.key, False, None,
+                       run.worker_id)
     if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
-        stored = _store_best(factory, task_id, kernel, shape, dtype, fp, result)
+        stored = _store_best(run, kernel, shape, dtype, fp, result)
         return _finish(factory, task_id, "cancelled", result, fp.key, stored,
-                       f"{INTERRUPTED} after {len(result.trials)} trial(s)")
-    stored = _store_best(factory, task_id, kernel, shape, dtype, fp, result)
+                       f"{INTERRUPTED} after {len(result.trials)} trial(s)", run.worker_id)
+    stored = _store_best(run, kernel, shape, dtype, fp, result)
     error = None if result.best else _no_best_reason(result)
     return _finish(factory, task_id, "succeeded" if result.best else "failed", result, fp.key,
-                   stored, error)
+                   stored, error, run.worker_id)
 
 
 def _no_best_reason(result: SearchResult) -> str:
@@ -188,14 +206,19 @@ def _no_best_reason(result: SearchResult) -> str:
     return f"no config ran correctly ({counts})"
 
 
-def _store_best(factory: SessionFactory, task_id: int, kernel: TunableKernel,
-                shape: dict[str, int], dtype: str, fp: Any, result: SearchResult) -> bool:
+def _store_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dtype: str, fp: Any,
+                result: SearchResult) -> bool:
+    """Store the verified best as the task's and (if faster) the device's best config, in one
+    transaction, only while the task is still the worker's (else LeaseLost, nothing stored)."""
     best = result.best
     if best is None or best.p50_ms is None:
         return False
     seconds = best.p50_ms * 1e-3
-    with factory() as session:
-        repo.set_task_best(session, task_id, best.p50_ms, best.config.to_dict())
+    with run.factory() as session:
+        if not repo.set_task_best(session, run.task_id, best.p50_ms, best.config.to_dict(),
+                                  worker_id=run.worker_id):
+            raise repo.LeaseLost(f"task {run.task_id} is no longer leased to worker "
+                                 f"{run.worker_id}: its best was not stored")
         _row, written = repo.store_best(
             session, device_key=fp.key, kernel=kernel.name, kernel_version=kernel.version,
             dtype=dtype, shape=shape, triton_version=fp.triton_version or "",
@@ -203,20 +226,32 @@ def _store_best(factory: SessionFactory, task_id: int, kernel: TunableKernel,
             p50_ms=best.p50_ms, p80_ms=best.p80_ms or best.p50_ms,
             tflops=kernel.flops(shape) / seconds / 1e12,
             gbps=kernel.bytes(shape, dtype) / seconds / 1e9,
-            torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=task_id,
+            torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=run.task_id,
             noise_margin=max(0.01, best.noise))
         session.commit()
     return bool(written)
 
 
 def _finish(factory: SessionFactory, task_id: int, status: str, result: SearchResult | None,
-            device_key: str | None, stored: bool, error: str | None) -> TaskOutcome:
+            device_key: str | None, stored: bool, error: str | None,
+            worker_id: str | None = None) -> TaskOutcome:
     with factory() as session:
-        repo.finish_task(session, task_id, status, error=error)
+        repo.finish_task(session, task_id, status, error=error, worker_id=worker_id)
         session.commit()
     if error:
         log.warning("task %s %s: %s", task_id, status, error)
-    return TaskOutcome(task_id, status, result, device_key, stored, error)
+    return TaskOutcome(task_id, status, result, None if status == "lost" else device_key,
+                       stored, error)
+
+
+def _lost(factory: SessionFactory, task_id: int, why: str) -> TaskOutcome:
+    """The task stopped being ours mid-run: nothing more is written. Cancelled (by its job)
+    says so; otherwise it is another worker's now (or queued again)."""
+    with factory() as session:
+        status = repo.get_task(session, task_id).status
+    log.warning("task %s: %s", task_id, why)
+    return TaskOutcome(task_id, "cancelled" if status == "cancelled" else "lost", None, None,
+                       False, why)
 
 
 class _StopCheck:
@@ -275,7 +310,7 @@ class Worker:
         try:
             outcome = execute_task(self.factory, task_id, backend_kind=self.backend_kind,
                                    device_index=self.device_index, timing=self.timing,
-                                   heartbeat=beat.alive)
+                                   heartbeat=beat.alive, worker_id=self.id)
         finally:
             beat.stop()
         if outcome.status == "lost" and self.stopping.is_set():

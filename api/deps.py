@@ -12,7 +12,9 @@ from sqlalchemy.orm import Session
 from tuner.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+# The checks below do no I/O: async, so that they run on the event loop; a plain def costs a
+# thread-pool hand-off each per request, more than a lookup (bench/NOTES.md, serving load).
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -66,7 +68,7 @@ def key_mode(settings: Settings, presented: str | bytes | None) -> str | None:
     return found
 
 
-def require_write(request: Request, settings: SettingsDep) -> None:
+async def require_write(request: Request, settings: SettingsDep) -> None:
     if not settings.parsed_api_keys():
         return
     mode = key_mode(settings, _header_bytes(_presented_key(request)))
@@ -77,7 +79,7 @@ def require_write(request: Request, settings: SettingsDep) -> None:
         raise HTTPException(403, "this API key is read-only")
 
 
-def require_read(request: Request, settings: SettingsDep) -> None:
+async def require_read(request: Request, settings: SettingsDep) -> None:
     if not settings.parsed_api_keys() or not settings.auth_reads:
         return
     # a browser on the dashboard presents it as a cookie (set at /key); never for writes, so a

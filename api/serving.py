@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
@@ -36,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from db import repo
 from db.models import BestConfig, Device
-from tuner.identity import same_triton_minor
+from tuner.identity import triton_minor
 from tuner.shapes import shape_key
 
 #: default seconds between two version checks of one process's index
@@ -45,44 +46,94 @@ DEFAULT_REFRESH_S = 0.5
 GroupKey = tuple[str, str, str]  # (kernel, kernel version, dtype)
 
 
+class Pool:
+    """Candidates that one step of the ladder ranks, with their shapes' log2 as a matrix, so
+    that the nearest shapes are found with one vector operation instead of a distance per
+    candidate in Python."""
+
+    #: candidates this much (squared log2 distance) farther than the nearest are not ranked;
+    #: far above float rounding, far below any real difference of two shapes
+    TOLERANCE = 1e-9
+
+    def __init__(self, candidates: list[repo.Candidate]) -> None:
+        self.candidates = candidates
+        self.by_key: dict[str, list[repo.Candidate]] = {}
+        for c in candidates:
+            self.by_key.setdefault(c.shape_key, []).append(c)
+        self.dims = sorted({d for c in candidates for d in c.log_shape})
+        # a dimension missing from a shape counts as 1 there (log2 0), as in shape_distance
+        self.logs = np.array([[c.log_shape.get(d, 0.0) for d in self.dims] for c in candidates],
+                             dtype=np.float64).reshape(len(candidates), len(self.dims))
+
+    def nearest(self, key: str, logs: Mapping[str, float]) -> list[repo.Candidate]:
+        """The candidates of the exact shape, else those of the nearest shape: ``_closest``
+        picks among these whatever it would pick among all (distance ranks first). A
+        dimension of the caller's that no candidate has adds the same to every distance."""
+        exact = self.by_key.get(key)
+        if exact:
+            return exact
+        query = np.array([logs.get(d, 0.0) for d in self.dims], dtype=np.float64)
+        squared = ((self.logs - query) ** 2).sum(axis=1)
+        close = np.flatnonzero(squared <= squared.min() + self.TOLERANCE)
+        return [self.candidates[i] for i in close]
+
+
 @dataclass(frozen=True)
 class Group:
-    """The candidates of one (kernel, kernel version, dtype), indexed by device and shape."""
+    """The candidates of one (kernel, kernel version, dtype), in the pools the ladder of
+    ``repo.serve_best`` ranks: a device's rows under one Triton minor, a device's rows, and
+    the rows of real GPUs other than a device."""
 
     candidates: list[repo.Candidate]
-    by_device: dict[str, list[repo.Candidate]] = field(default_factory=dict)
-    by_device_shape: dict[tuple[str, str], list[repo.Candidate]] = field(default_factory=dict)
-    #: candidates tuned on a real GPU (the only ones served to another device)
-    gpus: list[repo.Candidate] = field(default_factory=list)
+    #: (device, Triton minor) -> the device's rows of that minor and those without a version;
+    #: (device, None) -> those without a version alone (for a minor it has no row of)
+    same_minor: dict[tuple[str, str | None], Pool]
+    by_device: dict[str, Pool]
+    #: rows tuned on real GPUs, and those of each device's others ("" : all of them)
+    gpus_except: dict[str, Pool]
 
     @classmethod
     def of(cls, candidates: list[repo.Candidate]) -> Group:
-        group = cls(candidates)
+        by_minor: dict[tuple[str, str | None], list[repo.Candidate]] = {}
+        by_device: dict[str, list[repo.Candidate]] = {}
         for c in candidates:
-            group.by_device.setdefault(c.device_key, []).append(c)
-            group.by_device_shape.setdefault((c.device_key, c.shape_key), []).append(c)
-            if c.device_kind == "cuda":
-                group.gpus.append(c)
-        return group
+            by_minor.setdefault((c.device_key, triton_minor(c.triton_version)), []).append(c)
+            by_device.setdefault(c.device_key, []).append(c)
+        gpus = [c for c in candidates if c.device_kind == "cuda"]
+        gpus_except = {device: Pool([c for c in gpus if c.device_key != device])
+                       for device in ("", *by_device)}
+        same_minor: dict[tuple[str, str | None], Pool] = {
+            (device, minor): Pool(rows + by_minor.get((device, None), []))
+            for (device, minor), rows in by_minor.items() if minor is not None}
+        same_minor.update({(device, None): Pool(by_minor.get((device, None), []))
+                           for device in by_device})
+        return cls(candidates, same_minor, {d: Pool(rows) for d, rows in by_device.items()},
+                   gpus_except)
 
     def serve(self, shape: Mapping[str, int], device_key: str | None,
               triton_version: str | None) -> repo.Served | None:
-        """``repo.serve_best`` over the candidates that can answer this caller: its ladder reads
-        only the caller's device's rows and other GPUs' rows, and when a row of the exact
-        shape under the caller's Triton minor exists, the answer is among those rows (nothing
-        ranks before an exact shape), so ranking them alone gives the same row."""
-        if device_key:
-            exact = self.by_device_shape.get((device_key, shape_key(shape)), ())
-            if any(same_triton_minor(c.triton_version, triton_version) for c in exact):
-                return repo.serve_best(exact, shape=shape, device_key=device_key,
-                                       triton_version=triton_version)
-            pool: Iterable[repo.Candidate] = chain(
-                self.by_device.get(device_key, ()),
-                (c for c in self.gpus if c.device_key != device_key))
-        else:
-            pool = self.gpus
-        return repo.serve_best(pool, shape=shape, device_key=device_key,
-                               triton_version=triton_version)
+        """``repo.serve_best`` over the few candidates it can choose for this caller: the
+        ladder's first step with any row (the caller's device under its Triton minor, its
+        device, other real GPUs), and of that step's rows only those of the exact shape or
+        of the nearest shape. Its answer is the one it gives over all candidates."""
+        key, logs = shape_key(shape), {d: math.log2(max(1, v)) for d, v in shape.items()}
+        pools: list[Pool] = []
+        if device_key and device_key in self.by_device:
+            pools += [self._same_minor(device_key, triton_version), self.by_device[device_key]]
+        pools.append(self.gpus_except.get(device_key or "", self.gpus_except[""]))
+        for pool in pools:
+            if pool.candidates:
+                return repo.serve_best(pool.nearest(key, logs), shape=shape,
+                                       device_key=device_key, triton_version=triton_version)
+        return None
+
+    def _same_minor(self, device_key: str, triton_version: str | None) -> Pool:
+        """The device's rows of the caller's Triton minor (``same_triton_minor``: a row or a
+        caller without a version matches every minor)."""
+        minor = triton_minor(triton_version)
+        if minor is None:
+            return self.by_device[device_key]
+        return self.same_minor.get((device_key, minor)) or self.same_minor[(device_key, None)]
 
 
 class ServingIndex:
@@ -128,6 +179,14 @@ class ServingIndex:
                 found = self._groups.get(key) or self._load(key)
         return found
 
+    def cached_group(self, kernel: str, kernel_version: str, dtype: str) -> Group | None:
+        """The group when it can be had without the database (loaded, and no version check
+        due), else None: ``group`` then reads the database."""
+        if not self.enabled or _local_writes.count != self._local_writes \
+                or self.clock() - self._checked_at >= self.refresh_s:
+            return None
+        return self._groups.get((kernel, kernel_version, dtype))
+
     def _refresh_if_due(self) -> None:
         local = _local_writes.count != self._local_writes
         if not local and self.clock() - self._checked_at < self.refresh_s:
@@ -156,7 +215,7 @@ class ServingIndex:
         return group
 
 
-def serving_index(request: Request) -> ServingIndex:
+async def serving_index(request: Request) -> ServingIndex:
     """The app's index, made on first use from its settings and database."""
     state = request.app.state
     index: ServingIndex | None = getattr(state, "serving_index", None)

@@ -218,3 +218,21 @@ def test_openapi_documents_the_dimension_parameters_with_an_example(api_client):
     assert {"kernel", "dtype", "device", "kernel_version", "triton_version"} <= params.keys()
     assert params["dimensions"]["example"] == BIG and params["dimensions"]["in"] == "query"
     assert "other-device" in operation["description"]
+
+
+def test_a_bulk_query_of_more_than_4096_items_is_a_422_naming_items(api_client):
+    item = {"kernel": "matmul", "dtype": "float16", "shape": CUBE}
+    too_many = api_client.post("/api/v1/configs/query", json={"items": [item] * 4097})
+    assert too_many.status_code == 422
+    [error] = too_many.json()["detail"]
+    assert error["loc"] == ["body", "items"] and "4096" in error["msg"]
+    most = api_client.post("/api/v1/configs/query", json={"items": [item] * 4096})
+    assert most.status_code == 200 and most.json()["count"] == 4096
+
+
+def test_lookups_carry_their_server_time(api_client, api_db_url):
+    store(api_db_url, CUBE, 0.01)
+    got = lookup(api_client, CUBE, GPU)
+    assert got.status_code == 200 and got.json()["match"] == "exact"
+    name, _, duration = got.headers["server-timing"].partition(";dur=")
+    assert name == "app" and float(duration) > 0

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, _presented_key
@@ -27,7 +28,7 @@ from api.schemas import (
     Match,
     MissOutcome,
 )
-from api.serving import ServingIndex, serving_index
+from api.serving import Group, GroupKey, ServingIndex, serving_index
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo
 from tuner.errors import InvalidRequest
@@ -67,23 +68,32 @@ class Lookup:
 
     def __init__(self, index: ServingIndex) -> None:
         self.index = index
-        self._groups: dict[tuple[str, str, str], Any] = {}
+        self._groups: dict[GroupKey, Group] = {}
 
     def registered_version(self, kernel: TunableKernel) -> str:
         return self.index.registered_version(kernel)
 
+    def key(self, kernel: TunableKernel, dtype: str, kernel_version: str | None) -> GroupKey:
+        return kernel.name, kernel_version or self.registered_version(kernel), dtype
+
     def answer(self, kernel: TunableKernel, dtype: str, shape: dict[str, int], device: str | None,
                kernel_version: str | None, triton_version: str | None) -> ConfigPublic:
-        key = (kernel.name, kernel_version or self.registered_version(kernel), dtype)
+        key = self.key(kernel, dtype, kernel_version)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = self.index.group(*key)
-        served = group.serve(shape, device, triton_version)
-        if served is not None:
-            return _public(served, kernel, dtype, shape)
-        default = kernel.default_config(shape, dtype).to_dict()
-        return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
-                            device=device, config=default)
+        return answer_from(group, kernel, dtype, shape, device, triton_version)
+
+
+def answer_from(group: Group, kernel: TunableKernel, dtype: str, shape: dict[str, int],
+                device: str | None, triton_version: str | None) -> ConfigPublic:
+    """The answer to one lookup from its (kernel, kernel version, dtype)'s candidates."""
+    served = group.serve(shape, device, triton_version)
+    if served is not None:
+        return _public(served, kernel, dtype, shape)
+    default = kernel.default_config(shape, dtype).to_dict()
+    return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
+                        device=device, config=default)
 
 
 def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
@@ -107,7 +117,7 @@ def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
             responses={404: {"model": ConfigPublic,
                              "description": "nothing tuned applies: the body carries the "
                                             "kernel's default (``match: default``)"}})
-def get_config(request: Request, index: IndexDep,
+async def get_config(request: Request, index: IndexDep,
                kernel: str = Query(max_length=100, examples=["matmul"]),
                dtype: str = Query(max_length=20, examples=["float16"]),
                device: str | None = Query(None, max_length=DEVICE_KEY_MAX,
@@ -146,8 +156,14 @@ def get_config(request: Request, index: IndexDep,
         check_dtype(k, dtype)
     except InvalidRequest as exc:
         raise as_query_error(exc) from None
-    result = Lookup(index).answer(k, dtype, _query_shape(request, k), device, kernel_version,
-                                    triton_version)
+    shape = _query_shape(request, k)
+    # on the event loop: a thread pool's hand-offs cost more than the lookup; the database
+    # (a version check every refresh_s, a group's load) is read in the pool
+    key = Lookup(index).key(k, dtype, kernel_version)
+    group = index.cached_group(*key)
+    if group is None:
+        group = await run_in_threadpool(index.group, *key)
+    result = answer_from(group, k, dtype, shape, device, triton_version)
     if result.match == "default":
         return JSONResponse(result.model_dump(), status_code=404)
     return result

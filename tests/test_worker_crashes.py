@@ -264,3 +264,88 @@ def test_a_worker_whose_lease_went_to_another_stops_and_writes_nothing(any_db_ur
         assert (task.status, task.lease_owner) == ("running", "w2")
         assert len(repo.trials_for_task(session, task_id)) == task.trials_done == stolen_after
         assert repo.list_best(session, kernel="matmul") == []
+
+
+# -- 5. measuring and compiling processes die with their parent --------------------------------
+
+#: a parent with a compile pool (2 processes) and a measuring child, all three busy: each
+#: pool process compiles a config that hangs, the child runs one that spins. It prints their
+#: pids and waits to be killed
+_PARENT = """
+import sys, time
+from tests.fakes.faulty import COMPILE_HANG, HANG, KERNEL
+from tuner.backends import TimingOptions
+from tuner.backends.compile_pool import CompilePool
+from tuner.backends.process import ChildProcess
+from tuner.config import KernelConfig
+
+pool = CompilePool("interpret", KERNEL.ref, {"N": 64}, "float32", 2, timeout_s=600)
+pool.submit([KernelConfig(MODE=COMPILE_HANG, SLOW=s) for s in (1, 2)])
+child = ChildProcess("interpret", 0, start_timeout_s=120)
+child.send(("setup", KERNEL.ref, {"N": 64}, "float32", 0))
+assert child.receive(120) == ("ok",)
+child.send(("measure", KernelConfig(MODE=HANG, SLOW=1), TimingOptions()))
+assert child.receive(120)[0] == "compiled"  # now it spins in the hanging launch
+while any(slot.config is None for slot in pool._slots):  # both compiles handed out
+    time.sleep(0.01)
+print(*pool.pids, child.process.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids still alive after ``seconds`` (polled: nothing signals another's death)."""
+    deadline = time.monotonic() + seconds
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_parent_takes_its_compile_pool_and_measuring_child_along():
+    proc = subprocess.Popen([sys.executable, "-c", _PARENT], cwd=ROOT, env=_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    try:
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert _gone_within(pids, 5.0) == []
+    finally:
+        for pid in pids:
+            _kill(pid)
+
+
+#: a parent whose child arms only the watch thread (as where prctl is missing)
+_WATCHED = """
+import subprocess, sys
+code = ("import os, sys; from tuner.backends import child; child._set_pdeathsig = lambda: None; "
+        "os.setpgrp(); child.die_with_parent(int(sys.argv[1])); print(os.getpid(), flush=True); "
+        "[child.time.sleep(60) for _ in iter(int, 1)]")  # busy forever: no EOF to notice
+sub = subprocess.Popen([sys.executable, "-c", code, str(__import__("os").getpid())])
+sub.wait()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_without_prctl_the_watch_thread_ends_a_child_whose_parent_died():
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHED], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    [pid] = [int(p) for p in proc.stdout.readline().split()]
+    try:
+        assert _alive(pid)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert _gone_within([pid], 5.0) == []
+    finally:
+        _kill(pid)

@@ -1,8 +1,10 @@
 """The measuring child process: verifies and times one config at a time.
 
 It runs in a process of its own (spawned, in its own process group) so that a config that
-crashes, hangs or leaves a sticky CUDA error kills only this process. The parent talks to it over
-a Pipe; every message is a tuple whose first item names it:
+crashes, hangs or leaves a sticky CUDA error kills only this process. Being in a group of its
+own, it would not die with its parent's group: ``die_with_parent`` makes it (and the compile
+pool's processes) exit as soon as the process that started it is gone, freeing the GPU. The
+parent talks to it over a Pipe; every message is a tuple whose first item names it:
 
 parent -> child: ("setup", kernel_ref, shape, dtype, seed)
                  | ("measure", config, timing[, best_ms])
@@ -13,9 +15,13 @@ child -> parent: ("ready", fingerprint) | ("ok",) | ("compiled", seconds)
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import signal
 import statistics
+import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -234,9 +240,57 @@ def calibrate(state: ChildState) -> dict[str, float | None]:
     return {"copy_gbps": copy_gbps, "matmul_tflops": 2 * 8192**3 / (ms * 1e-3) / 1e12}
 
 
-def child_main(conn: Any, kind: str, device_index: int) -> None:
+#: prctl(2) option: the signal this process gets when its parent dies
+PR_SET_PDEATHSIG = 1
+#: how often (seconds) the watch thread checks that the parent is still there
+PARENT_WATCH_S = 0.5
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Exit, with the process group this process leads, once ``parent_pid`` is gone.
+
+    On Linux the kernel sends SIGKILL at once (``prctl(PR_SET_PDEATHSIG)``). It fires when
+    the *thread* that spawned this process exits, not the process: spawn children from a
+    thread that lives as long as they do (the main thread, or the compile pool's supervisor,
+    which outlives the processes it replaces). A watch thread that exits when ``os.getppid()``
+    changes is the portable backstop (and takes the group, with any compiler started, along).
+    """
+    expected = parent_pid if parent_pid is not None else os.getppid()
+    if sys.platform.startswith("linux"):
+        _set_pdeathsig()
+    if os.getppid() != expected:  # the parent died before the signal was armed
+        _exit_with_group()
+    threading.Thread(target=_watch_parent, args=(expected,), daemon=True,
+                     name="tuner-parent-watch").start()
+
+
+def _set_pdeathsig() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the watch thread alone
+        pass
+
+
+def _watch_parent(expected: int) -> None:
+    while os.getppid() == expected:
+        time.sleep(PARENT_WATCH_S)  # a poll: there is no event for "my parent died"
+    _exit_with_group()
+
+
+def _exit_with_group() -> None:
+    try:
+        if os.getpgrp() == os.getpid():  # we lead our group: the compilers we started go too
+            os.killpg(0, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(1)
+
+
+def child_main(conn: Any, kind: str, device_index: int, parent_pid: int | None = None) -> None:
     """Entry point of the spawned child."""
     os.setpgrp()  # so that the parent can kill us together with any compiler we started
+    die_with_parent(parent_pid)
     if kind == "interpret":
         os.environ["TRITON_INTERPRET"] = "1"
     elif kind == "cuda":

@@ -48,8 +48,11 @@ def default_pool_size() -> int:
 
 
 def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, int],
-               dtype: str, device_index: int) -> None:
+               dtype: str, device_index: int, parent_pid: int | None = None) -> None:
     os.setpgrp()  # the parent kills a timed-out compile together with the compilers it started
+    from tuner.backends.child import die_with_parent
+
+    die_with_parent(parent_pid)  # never outlive the worker (a group of our own would)
     try:
         os.nice(POOL_NICENESS)
     except OSError:
@@ -152,8 +155,8 @@ class CompilePool:
 
     def _spawn(self) -> _Slot:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_pool_main, args=(child, *self._args), daemon=True,
-                                    name="tuner-compile")
+        process = self._ctx.Process(target=_pool_main, args=(child, *self._args, os.getpid()),
+                                    daemon=True, name="tuner-compile")
         process.start()
         child.close()
         return _Slot(process, parent)

@@ -45,7 +45,8 @@ class ChildProcess:
     def __init__(self, kind: str, device_index: int, start_timeout_s: float) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=child_main, args=(child_conn, kind, device_index),
+        self.process = ctx.Process(target=child_main,
+                                   args=(child_conn, kind, device_index, os.getpid()),
                                    daemon=True, name=f"tuner-{kind}-child")
         self.process.start()
         child_conn.close()

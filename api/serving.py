@@ -22,6 +22,7 @@ newest one stored (a writer whose clock lags the others') shows up at the next o
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -137,8 +138,8 @@ class Group:
 
 
 class ServingIndex:
-    """One process's serving index over the store of ``factory`` (thread-safe: lookups run
-    in the server's thread pool)."""
+    """One process's serving index over the store of ``factory`` (thread-safe: lookups run on
+    the event loop and in the server's thread pool)."""
 
     def __init__(self, factory: sessionmaker[Session], refresh_s: float = DEFAULT_REFRESH_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -268,6 +269,31 @@ event.listen(Session, "do_orm_execute", _note_statement)
 event.listen(Session, "after_flush", _note_flush)
 event.listen(Session, "after_commit", _after_commit)
 event.listen(Session, "after_soft_rollback", lambda session, _previous: _after_rollback(session))
+
+
+# -- HTTP -----------------------------------------------------------------------------------------
+
+def _http_protocol() -> type[Any]:
+    """The protocol uvicorn's ``http="auto"`` picks: httptools' when installed, else h11's."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        return HttpToolsProtocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        return H11Protocol
+
+
+class NoDelayHTTP(_http_protocol()):  # type: ignore[misc]
+    """uvicorn's HTTP protocol with ``TCP_NODELAY`` on every connection. With several worker
+    processes uvicorn binds the socket itself without naming the protocol, so asyncio does not
+    see TCP and leaves Nagle's algorithm on: a response written as head then body waited for
+    the client's delayed ACK, 40 ms a lookup (``tuner serve`` names this class)."""
+
+    def connection_made(self, transport: Any) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
 
 
 # -- Server-Timing ------------------------------------------------------------------------------

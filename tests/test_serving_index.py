@@ -4,9 +4,12 @@ query that issues no SQL per item; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import os
 import random
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -208,3 +211,47 @@ def test_serve_runs_api_workers_from_the_flag_or_the_environment(monkeypatch):
     assert service.api_processes(Settings(), requested=1) == 1
     monkeypatch.setenv("TUNER_API_WORKERS", "0")
     assert service.api_processes(Settings()) == min(8, os.cpu_count() or 1)
+
+
+def test_tuner_serve_with_api_workers_answers_without_the_delayed_ack_stall(tmp_path):
+    """Several uvicorn processes share a socket that uvicorn binds without naming TCP, and
+    asyncio then leaves Nagle's algorithm on: each lookup on a keep-alive connection waited
+    40 ms for the client's delayed ACK. ``serve`` runs uvicorn with TCP_NODELAY set."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_DATA_DIR": str(tmp_path),
+           "TUNER_DATABASE_URL": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port", str(port),
+                             "--workers", "0", "--api-workers", "2"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        conn = _connect_when_ready(port, proc)
+        path = "/api/v1/configs?kernel=matmul&dtype=float16&M=64&N=64&K=64"
+        seconds = []
+        for _ in range(15):
+            start = time.perf_counter()
+            conn.request("GET", path)
+            response = conn.getresponse()
+            assert response.status == 404 and response.read()
+            seconds.append(time.perf_counter() - start)
+        assert sorted(seconds)[7] < 0.025, seconds
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+
+
+def _connect_when_ready(port: int, proc: subprocess.Popen[bytes]) -> http.client.HTTPConnection:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, "tuner serve exited"
+        assert time.monotonic() < deadline, "tuner serve did not start"
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", "/readyz")
+            if conn.getresponse().read() and conn.sock is not None:
+                return conn
+        except OSError:
+            conn.close()
+            time.sleep(0.2)

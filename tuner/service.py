@@ -266,7 +266,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         uvicorn.run("api.app:app", host=host, port=port, log_level="info",
-                    workers=processes)
+                    workers=processes, http="api.serving:NoDelayHTTP")
     except _Terminated:
         log.info("SIGTERM: stopping the workers")
     finally:

@@ -349,3 +349,84 @@ def test_without_prctl_the_watch_thread_ends_a_child_whose_parent_died():
         assert _gone_within([pid], 5.0) == []
     finally:
         _kill(pid)
+
+
+# -- 6. a worker's GPU is the one CUDA_VISIBLE_DEVICES lists at its index; workers report -------
+
+_SMI = """GPU 0: NVIDIA H200 (UUID: GPU-0a1b2c3d-0000-0000-0000-000000000000)
+GPU 1: NVIDIA H200 (UUID: GPU-9f8e7d6c-0000-0000-0000-000000000000)
+  MIG 1g.18gb     Device  0: (UUID: MIG-5a5a5a5a-0000-0000-0000-000000000000)
+"""
+
+
+@pytest.mark.parametrize(("visible", "index", "expected"), [
+    (None, 0, "0"), (None, 3, "3"), ("0,1", 1, "1"), ("3,2", 0, "3"), (" 2 , 5", 1, "5"),
+    ("GPU-0a1b,GPU-9f8e", 1, "GPU-9f8e"), ("MIG-5a5a5a5a", 0, "MIG-5a5a5a5a"),
+])
+def test_a_workers_index_maps_into_the_visible_devices(visible, index, expected):
+    from tuner.device import visible_device_for
+
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert visible_device_for(index, env) == expected
+
+
+@pytest.mark.parametrize(("visible", "index"), [("0,1", 2), ("", 0), ("1,-1,0", 1)])
+def test_an_index_beyond_the_visible_devices_is_an_error(visible, index):
+    from tuner.device import visible_device_for
+
+    with pytest.raises(ValueError, match="makes"):
+        visible_device_for(index, {"CUDA_VISIBLE_DEVICES": visible})
+
+
+@pytest.mark.parametrize(("visible", "count"), [
+    (None, 2), ("0,1", 2), ("1", 1), ("0,7,1", 1), ("7", 0), ("", 0), ("-1", 0),
+    ("GPU-9f8e7d6c", 1), ("GPU-0a1b,GPU-9f8e", 2), ("MIG-5a5a5a5a", 1), ("GPU-ffff", 0),
+])
+def test_the_gpu_count_honours_cuda_visible_devices(visible, count, tmp_path, monkeypatch):
+    from tuner.device import count_gpus_without_init
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_SMI}EOF\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert count_gpus_without_init() == count
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
+    factory = init_db(any_db_url)
+    with factory() as session:
+        job = repo.create_job(session, kernel="matmul", kernel_version=MATMUL.version,
+                              dtype="float16", shapes=[{"M": 64, "N": 64, "K": 64}],
+                              budget_trials=2000, budget_seconds=None, strategy="auto",
+                              force=False, seed=0, backend="interpret", device_key=None)
+        task_id = int(job.tasks[0].id)
+        session.commit()
+    log = open(tmp_path / "worker.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
+                             "interpret"], cwd=ROOT, env=_env(TUNER_DATABASE_URL=any_db_url),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def row() -> Any:
+        with factory() as session:
+            rows = [w for w in repo.list_workers(session) if w.pid == proc.pid]
+            return rows[0] if rows else None
+
+    try:
+        busy = _wait_for(lambda: (w := row()) is not None and w.status == "busy" and w, proc)
+        assert (busy.task_id, busy.kind, busy.device_key) == (task_id, "interpret",
+                                                              "interpret:cpu")
+        assert busy.gpu_index is None and busy.gpu_uuid is None
+        with factory() as session:
+            assert repo.get_task(session, task_id).lease_owner == busy.id
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = row()
+    assert stopped.status == "stopped" and stopped.task_id is None

@@ -4,11 +4,17 @@ A stored config is only served as exact for the same ``key``: the full GPU name 
 capability (an H100 is not an H200). The CPU interpreter and replay tables get keys of their own so
 that their results are never served for a real GPU. ``detect_cuda`` initialises CUDA and is only
 called inside a measuring child process, never in the API or the worker's parent process.
+
+A worker's device index counts among the GPUs ``CUDA_VISIBLE_DEVICES`` makes visible (as CUDA
+numbers them): ``visible_device_for`` turns it into the one entry its children make visible.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,6 +33,9 @@ class DeviceFingerprint:
     torch_version: str | None = None
     cuda_version: str | None = None
     driver_version: str | None = None
+    #: this GPU's UUID ("GPU-..." or "MIG-..."): tells two GPUs of one model apart (not part
+    #: of the key: a config is served for every GPU of the model)
+    uuid: str | None = None
 
     @property
     def key(self) -> str:
@@ -76,8 +85,17 @@ def detect_cuda(index: int = 0) -> DeviceFingerprint:
         kind="cuda", name=props.name, compute_capability=f"{props.major}.{props.minor}",
         sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
         smem_per_block=int(smem) if smem else None, driver_version=_driver_version(),
-        **_versions(),
+        uuid=_uuid_of(props), **_versions(),
     )
+
+
+def _uuid_of(props: Any) -> str | None:
+    """The device's UUID as nvidia-smi writes it (torch gives it without the "GPU-")."""
+    raw = getattr(props, "uuid", None)
+    if raw is None:
+        return None
+    text = str(raw)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
 def _driver_version() -> str | None:
@@ -93,7 +111,6 @@ def _driver_version() -> str | None:
 
 def cuda_available_without_init() -> bool:
     """Whether a CUDA GPU is visible, without initialising CUDA in this process."""
-    import os
     import shutil
 
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
@@ -103,8 +120,56 @@ def cuda_available_without_init() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def visible_device_for(index: int, env: Mapping[str, str] | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that makes a worker's device ``index`` (counted
+    among the devices visible under ``env``, default ``os.environ``) its children's device 0:
+    the index itself when nothing is set, else the visible list's entry (an index, a
+    ``GPU-...`` UUID or a ``MIG-...`` id). ValueError when the list has no such entry."""
+    value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if index < 0:
+        raise ValueError(f"device index {index} is negative")
+    if value is None:
+        return str(index)
+    entries = _visible_entries(value)
+    if index >= len(entries):
+        raise ValueError(f"device index {index}: CUDA_VISIBLE_DEVICES={value!r} makes "
+                         f"{len(entries)} device(s) visible")
+    return entries[index]
+
+
+def _visible_entries(value: str) -> list[str]:
+    """The entries of a CUDA_VISIBLE_DEVICES value up to the first that makes CUDA stop
+    reading (a negative index, such as -1)."""
+    entries = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry or re.fullmatch(r"-\d+", entry):
+            break
+        entries.append(entry)
+    return entries
+
+
+def count_visible(value: str | None, listing: str) -> int:
+    """How many devices CUDA makes visible, from ``CUDA_VISIBLE_DEVICES`` (None: unset) and
+    the output of ``nvidia-smi -L``: every GPU when unset, else the listed entries that exist
+    (an index below the GPU count, or a prefix of a GPU's or MIG device's UUID), up to the
+    first that does not (CUDA ignores the rest of the list from there)."""
+    gpus = [line for line in listing.splitlines() if line.startswith("GPU ")]
+    if value is None:
+        return len(gpus)
+    uuids = re.findall(r"UUID: ((?:GPU|MIG)-[^)\s]+)", listing)
+    count = 0
+    for entry in _visible_entries(value):
+        exists = (int(entry) < len(gpus) if entry.isdigit()
+                  else any(u.startswith(entry) for u in uuids))
+        if not exists:
+            break
+        count += 1
+    return count
+
+
 def count_gpus_without_init() -> int:
-    """How many GPUs ``nvidia-smi -L`` lists (0 when it is missing)."""
+    """How many GPUs this process's CUDA would see (``nvidia-smi -L`` under
+    ``CUDA_VISIBLE_DEVICES``; 0 when it is missing)."""
     import shutil
     import subprocess
 
@@ -114,4 +179,4 @@ def count_gpus_without_init() -> int:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return count_visible(os.environ.get("CUDA_VISIBLE_DEVICES"), out.stdout)

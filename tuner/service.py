@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,15 +80,43 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     _register_device(factory, fingerprint, calibration)
     worker = Worker(factory, backend_kind=kind, device_key=fingerprint.key,
                     device_index=device_index, lease_seconds=settings.lease_seconds)
+    _register_worker(factory, worker.id, fingerprint, kind,
+                     device_index if kind == "cuda" else None)
     _stop_on_signals(worker.stopping)
     _start_thread("reaper", reap_forever, factory, settings.reap_interval_seconds,
                   worker.stopping)
     _start_thread("presence", keep_present, factory, fingerprint.key,
-                  settings.lease_seconds / 3, worker.stopping, parent_pid)
+                  settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id)
     log.info("worker %s serving device %s (%s)", worker.id, fingerprint.key, kind)
-    worker.run_forever()
+    try:
+        worker.run_forever()
+    finally:
+        _stop_worker_row(factory, worker.id)
     log.info("worker %s stopped", worker.id)
     return 0
+
+
+def _register_worker(factory: Any, worker_id: str, fingerprint: DeviceFingerprint, kind: str,
+                     gpu_index: int | None) -> None:
+    """The worker's own row: each GPU reported separately (its index and UUID)."""
+    from db import repo
+
+    with factory() as session:
+        repo.register_worker(session, worker_id=worker_id, host=socket.gethostname(),
+                             pid=os.getpid(), device_key=fingerprint.key, kind=kind,
+                             gpu_index=gpu_index, gpu_uuid=fingerprint.uuid)
+        session.commit()
+
+
+def _stop_worker_row(factory: Any, worker_id: str) -> None:
+    from db import repo
+
+    try:
+        with factory() as session:
+            repo.stop_worker(session, worker_id)
+            session.commit()
+    except Exception:  # noqa: BLE001 - exiting anyway; the row goes stale
+        log.exception("worker %s: could not mark itself stopped", worker_id)
 
 
 def _log_at_info() -> None:
@@ -104,9 +133,9 @@ def _start_thread(name: str, target: Any, *args: Any) -> threading.Thread:
 
 
 def keep_present(factory: Any, device_key: str, interval_s: float, stopping: threading.Event,
-                 parent_pid: int | None = None) -> None:
-    """Refresh the device's ``last_seen_at`` (``/healthz`` reports devices seen recently), and
-    stop the worker when the process that started it is gone."""
+                 parent_pid: int | None = None, worker_id: str | None = None) -> None:
+    """Refresh the device's and the worker's ``last_seen_at`` (``/healthz`` reports devices
+    seen recently), and stop the worker when the process that started it is gone."""
     from db import repo
 
     while not stopping.wait(interval_s):
@@ -117,6 +146,8 @@ def keep_present(factory: Any, device_key: str, interval_s: float, stopping: thr
         try:
             with factory() as session:
                 repo.touch_device(session, device_key)
+                if worker_id is not None:
+                    repo.beat_worker(session, worker_id)
                 session.commit()
         except Exception:  # noqa: BLE001 - a missed beat only makes the device look stale
             log.exception("presence beat of %s failed", device_key)

@@ -305,12 +305,16 @@ class Worker:
         if task_id is None:
             return None
         log.info("worker %s claimed task %s", self.id, task_id)
+        self.report("busy", task_id)
         beat = _Heartbeat(self, task_id)
         beat.start()
         try:
             outcome = execute_task(self.factory, task_id, backend_kind=self.backend_kind,
                                    device_index=self.device_index, timing=self.timing,
                                    heartbeat=beat.alive, worker_id=self.id)
+        except BaseException:  # exiting at once (a second signal): give the task back now
+            self._release(task_id)
+            raise
         finally:
             beat.stop()
         if outcome.status == "lost" and self.stopping.is_set():
@@ -318,7 +322,18 @@ class Worker:
         if outcome.error and "died" in outcome.error:
             self.healthy = False
             self.last_error = outcome.error
+        self.report("idle" if self.healthy else "unhealthy", error=self.last_error)
         return outcome
+
+    def report(self, status: str, task_id: int | None = None, error: str | None = None) -> None:
+        """Say what this worker is doing in its row (``tuner serve``'s workers register one;
+        a worker without a row writes nothing). A failed write is only logged."""
+        try:
+            with self.factory() as session:
+                repo.beat_worker(session, self.id, status=status, task_id=task_id, error=error)
+                session.commit()
+        except Exception:  # noqa: BLE001 - the report is advisory; the task goes on
+            log.exception("worker %s: reporting %s failed", self.id, status)
 
     def _release(self, task_id: int) -> None:
         """Stopped on request mid-task: re-queue the task now rather than after its lease

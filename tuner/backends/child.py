@@ -291,14 +291,14 @@ def child_main(conn: Any, kind: str, device_index: int, parent_pid: int | None =
     """Entry point of the spawned child."""
     os.setpgrp()  # so that the parent can kill us together with any compiler we started
     die_with_parent(parent_pid)
-    if kind == "interpret":
-        os.environ["TRITON_INTERPRET"] = "1"
-    elif kind == "cuda":
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device_index))
     state = ChildState(kind)
     try:
-        from tuner.device import detect_cuda, interpreter_fingerprint
+        from tuner.device import detect_cuda, interpreter_fingerprint, visible_device_for
 
+        if kind == "interpret":
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif kind == "cuda":  # the worker's device (its index among the visible ones): cuda:0
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
         fp = detect_cuda(0) if kind == "cuda" else interpreter_fingerprint()
         conn.send(("ready", fp))
     except Exception as exc:  # noqa: BLE001

@@ -57,14 +57,15 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         os.nice(POOL_NICENESS)
     except OSError:
         pass
-    if kind == "interpret":
-        os.environ["TRITON_INTERPRET"] = "1"
-    else:
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device_index))
     from tuner.backends.child import classify_exception
+    from tuner.device import visible_device_for
     from tuner.kernel import load_ref
 
     try:
+        if kind == "interpret":
+            os.environ["TRITON_INTERPRET"] = "1"
+        else:  # the worker's device (its index among the visible ones) as cuda:0
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
         kernel = load_ref(kernel_ref)
         compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
         inputs = kernel.make_inputs(shape, dtype, "cuda" if kind == "cuda" else "cpu", 0)

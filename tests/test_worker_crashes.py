@@ -430,3 +430,55 @@ def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     stopped = row()
     assert stopped.status == "stopped" and stopped.task_id is None
+
+
+# -- 7. the compile pool never builds full-size inputs of a large problem ----------------------
+
+#: a large problem per built-in kernel (every built-in must be listed), with odd residues and
+#: a dimension of 1 where the kernel has room for one
+LARGE = {"matmul": {"M": 40963, "N": 1, "K": 65535}, "softmax": {"M": 1048575, "N": 4099}}
+
+
+def _builtins() -> list[str]:
+    from search_spaces import is_builtin, kernel_names
+
+    return [n for n in kernel_names() if is_builtin(n)]
+
+
+@pytest.mark.parametrize("name", _builtins())
+def test_each_builtin_kernel_compiles_on_small_inputs_that_specialise_alike(name):
+    import torch
+
+    from tuner.kernel import MAX_FULL_COMPILE_BYTES, compile_shape_for
+
+    kernel = get_kernel(name)
+    shape = LARGE[name]
+    small = compile_shape_for(kernel, shape, "float16")
+    assert small is not None and small.keys() == shape.keys()
+    for dim, size in shape.items():  # what Triton specialises integers on
+        assert (small[dim] == 1) == (size == 1) and small[dim] % 16 == size % 16, dim
+    assert kernel.bytes(shape, "float16") > MAX_FULL_COMPILE_BYTES
+    inputs = kernel.make_inputs(small, "float16", "cpu", 0)
+    assert sum(t.nbytes for t in inputs.values() if isinstance(t, torch.Tensor)) < 16 << 20
+    config = kernel.default_config(shape, "float16")  # a config chosen for the large problem
+    inputs["out"].fill_(float("nan"))
+    kernel.launch(config, inputs)
+    tol = kernel.tolerance("float16")
+    torch.testing.assert_close(inputs["out"].float(), kernel.reference(inputs).float(),
+                               atol=tol.atol, rtol=tol.rtol)
+
+
+def test_without_a_hook_only_small_problems_are_compiled_ahead_at_full_size():
+    from tests.fakes.faulty import FaultyKernel
+    from tuner.kernel import MAX_FULL_COMPILE_BYTES, compile_shape_for
+
+    class Sized(FaultyKernel):
+        def __init__(self, size: float) -> None:
+            self.size = size
+
+        def bytes(self, shape: Any, dtype: str) -> float:
+            return self.size
+
+    assert compile_shape_for(Sized(1e6), {"N": 7}, "float32") == {"N": 7}
+    assert compile_shape_for(Sized(MAX_FULL_COMPILE_BYTES + 1), {"N": 7}, "float32") is None
+    assert compile_shape_for(Sized(0.0), {"N": 7}, "float32") is None  # unknown: no guess

@@ -53,6 +53,11 @@ class TunableKernel(Protocol):
     estimated log run time, used only to rank configs before measuring them; None when the
     kernel has no model. ``flops`` and ``bytes`` feed the roofline (0.0 when unknown).
     ``ref`` is the ``module:attribute`` a measuring child process imports to get this object.
+
+    Optional (not part of the protocol): ``compile_shape(shape, dtype) -> dict`` gives a smaller
+    shape whose compiled binary is the same (Triton specialises on dtypes, 16-byte alignment of
+    pointers, divisibility by 16 and ==1 of integers, and constexprs, never on sizes); the
+    compile pool builds its inputs with it (see ``compile_shape_for``).
     """
 
     name: str
@@ -96,6 +101,30 @@ PROTOCOL_MEMBERS = ("name", "ref", "description", "dims", "dtypes",
                     "interpreter_unsupported_dtypes", "version", "space", "default_config",
                     "known_good_configs", "make_inputs", "launch", "compile", "reference",
                     "tolerance", "flops", "bytes", "prior")
+
+
+#: without a ``compile_shape``, the compile pool builds full-size inputs only up to this size
+#: (each of its processes holds a set, on the GPU)
+MAX_FULL_COMPILE_BYTES = 256 << 20
+
+
+def compile_shape_for(kernel: Any, shape: Mapping[str, int], dtype: str) -> dict[str, int] | None:
+    """The shape the compile pool builds its inputs with: the kernel's ``compile_shape``; else
+    the shape itself when its inputs are small (``kernel.bytes`` at most
+    ``MAX_FULL_COMPILE_BYTES``); else None: the pool does not compile ahead and the GPU child
+    compiles each config itself (a cache miss costs only time)."""
+    hook = getattr(kernel, "compile_shape", None)
+    if callable(hook):
+        return {k: int(v) for k, v in hook(shape, dtype).items()}
+    size = kernel.bytes(shape, dtype)
+    return dict(shape) if 0 < size <= MAX_FULL_COMPILE_BYTES else None
+
+
+def shrunk_dim(d: int, modulus: int = 256) -> int:
+    """A size that specialises like ``d`` but is under ``2 * modulus``: the same residue mod
+    ``modulus`` (a multiple of 16: the same divisibility by 16; 256 also keeps ``d % BLOCK``
+    for blocks up to 256), and 1 stays 1. For ``compile_shape`` hooks."""
+    return d if d < 2 * modulus else modulus + d % modulus
 
 
 def missing_members(obj: object) -> list[str]:

@@ -341,3 +341,36 @@ def _setup(state: ChildState, kernel_ref: str, shape: dict[str, int], dtype: str
 
     state.kernel = load_ref(kernel_ref)
     state.shape, state.dtype, state.seed, state.counter = dict(shape), dtype, seed, 0
+    if state.kind == "cuda":
+        _check_inputs_fit(state)
+
+
+#: the share of the GPU's memory one task may allocate (``TUNER_GPU_MEMORY_FRACTION``)
+DEFAULT_GPU_MEMORY_FRACTION = 0.9
+
+
+class InputsTooLarge(RuntimeError):
+    """The problem's inputs do not fit in the GPU memory a task may use."""
+
+
+def _check_inputs_fit(state: ChildState) -> None:
+    """Bound what this task may allocate on the GPU, and fail the setup with a clear error
+    when the problem's inputs cannot fit (rather than OOM on every config)."""
+    import torch
+
+    fraction = float(os.environ.get("TUNER_GPU_MEMORY_FRACTION", DEFAULT_GPU_MEMORY_FRACTION))
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    free, total = torch.cuda.mem_get_info()
+    limit = min(free, fraction * total)
+    need = state.kernel.bytes(state.shape, state.dtype)
+    what = f"the inputs of {state.kernel.name} {state.shape} {state.dtype}"
+    if need > limit:
+        raise InputsTooLarge(f"{what} need {need / 2**30:.1f} GiB; this task may use "
+                             f"{limit / 2**30:.1f} GiB of the GPU's {total / 2**30:.1f} GiB")
+    try:
+        inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
+    except torch.OutOfMemoryError:
+        raise InputsTooLarge(f"{what} do not fit in the {limit / 2**30:.1f} GiB of GPU memory "
+                             "this task may use") from None
+    del inputs
+    torch.cuda.empty_cache()

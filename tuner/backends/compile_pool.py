@@ -1,9 +1,11 @@
 """Compile ahead: a pool of spawned processes that compile candidates into Triton's disk cache
 while the GPU child times earlier ones.
 
-Each pool process loads the kernel by reference, builds one set of inputs with the problem's
-shapes and strides (so the compiled specialisation is exactly the one the GPU child will launch),
-and calls ``kernel.compile(config, inputs)``. The GPU child then finds the binary in the cache.
+Each pool process loads the kernel by reference, builds one set of inputs that compiles the
+specialisation the GPU child will launch (``tuner.kernel.compile_shape_for``: the kernel's
+``compile_shape``, a small problem with the same dtypes, alignments and divisibilities; else the
+problem itself when its inputs are small; else none, and the GPU child compiles), and calls
+``kernel.compile(config, inputs)``. The GPU child then finds the binary in the cache.
 A compile that outlives its timeout has its process (and the compiler processes it started:
 each pool process leads its own process group) killed and replaced; the config is recorded as a
 ``timeout``. Compile errors and OutOfResources are returned as outcomes and never reach the GPU.
@@ -59,7 +61,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         pass
     from tuner.backends.child import classify_exception
     from tuner.device import visible_device_for
-    from tuner.kernel import load_ref
+    from tuner.kernel import compile_shape_for, load_ref
 
     try:
         if kind == "interpret":
@@ -68,7 +70,13 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
         kernel = load_ref(kernel_ref)
         compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
-        inputs = kernel.make_inputs(shape, dtype, "cuda" if kind == "cuda" else "cpu", 0)
+        # never full-size inputs of a large problem in every pool process: a smaller shape
+        # that compiles the same binary, or no compiling ahead at all
+        small = compile_shape_for(kernel, shape, dtype)
+        if small is None:
+            compile_fn = None
+        inputs = kernel.make_inputs(small or shape, dtype, "cuda" if kind == "cuda" else "cpu",
+                                    0) if compile_fn is not None else {}
     except Exception as exc:  # noqa: BLE001
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return

@@ -52,7 +52,8 @@ H100 = "cuda:NVIDIA H100 80GB HBM3:sm90"
 UNTUNED_GPU = "cuda:NVIDIA A100-SXM4-80GB:sm80"
 TRITON = "3.6.0"
 PLUGIN_ENV = {"TUNER_KERNELS": "bias_gelu:KERNEL",
-              "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'examples/bias_gelu'}"}
+              "PYTHONPATH": os.pathsep.join(filter(None, (
+                  str(ROOT), str(ROOT / "examples/bias_gelu"), os.environ.get("PYTHONPATH"))))}
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 #: (kernel, dtypes, the non-batch dimensions of each tuned shape)
 STORE: list[tuple[str, list[str], list[dict[str, int]]]] = [

@@ -9,6 +9,10 @@ Writes a markdown table: per run the wall time from the first submission to the 
 and per GPU the fraction of samples in which it was busy (utilisation > 0) and the processes seen
 on it; then the workers the service reported (``/healthz``) and which worker ran each task.
 
+With ``--kill-check``, also: a ``tuner worker`` for the LAST visible GPU is SIGKILLed while it
+measures, and the table says on which GPU its processes ran and how long its measuring and
+compiling children outlived it (until no process of it is alive or listed by ``nvidia-smi``).
+
 Usage (on a machine with at least two GPUs)::
 
     python3 -m bench.multi_gpu --workers 2 1 --visible 0,1 --out bench/results/multi_gpu_h200.md
@@ -180,7 +184,82 @@ def run(workers: int, visible: str, trials: int, port: int, workdir: Path) -> di
             "health_at_end": final_health}
 
 
-def markdown(runs: list[dict[str, Any]], command: str, trials: int) -> str:
+def kill_check(visible: str, workdir: Path) -> dict[str, Any]:
+    """SIGKILL a worker mid-task; how long do its children and its hold on the GPU last?"""
+    from db import repo
+    from db.engine import init_db
+    from search_spaces import get_kernel
+
+    url = f"sqlite:///{workdir / 'kill.db'}"
+    factory = init_db(url)
+    kernel = get_kernel("matmul")
+    with factory() as session:
+        job = repo.create_job(session, kernel="matmul", kernel_version=kernel.version,
+                              dtype="float16", shapes=[{"M": 4096, "N": 4096, "K": 4096}],
+                              budget_trials=500, budget_seconds=None, strategy="auto",
+                              force=True, seed=0, backend="cuda", device_key=None)
+        session.commit()
+        task_id = job.tasks[0].id
+    index = len(visible.split(",")) - 1
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "TUNER_DATABASE_URL": url,
+           "TRITON_CACHE_DIR": str(workdir / "triton-cache-kill")}
+    log = (workdir / "serve-kill-worker.log").open("w")
+    worker = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend", "cuda",
+                               "--device-index", str(index)], env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 480
+    trials = 0
+    while time.monotonic() < deadline and trials < 3:
+        time.sleep(0.5)
+        with factory() as session:
+            trials = repo.get_task(session, task_id).trials_done
+    descendants = _descendants(worker.pid)
+    gpu_index = {row[0]: row[1] for row in _query(
+        ["nvidia-smi", "--query-gpu=uuid,index", "--format=csv,noheader"])}
+    on_gpu = {int(pid): gpu_index.get(uuid, uuid) for uuid, pid in _query(
+        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"])}
+    mine = {pid: gpu for pid, gpu in on_gpu.items() if pid in descendants}
+    killed = time.monotonic()
+    worker.kill()
+    worker.wait()
+    gone_s = None
+    while time.monotonic() - killed < 30:
+        alive = [p for p in descendants if Path(f"/proc/{p}").exists()
+                 and "zombie" not in _status(p)]
+        listed = {int(pid) for _uuid, pid in _query(
+            ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"])}
+        if not alive and not (listed & set(descendants)):
+            gone_s = time.monotonic() - killed
+            break
+        time.sleep(0.1)
+    log.close()
+    return {"worker_index": index, "trials_before_kill": trials,
+            "children": len(descendants), "gpu_processes": mine, "gone_s": gone_s}
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        p, pp = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+def markdown(runs: list[dict[str, Any]], command: str, trials: int,
+             kill: dict[str, Any] | None = None) -> str:
     lines = ["# Several GPUs under one `tuner serve`", "",
              f"Command: `{command}`", "",
              f"Four single-shape fp16 matmul jobs ({trials} trials each: "
@@ -210,7 +289,7 @@ def markdown(runs: list[dict[str, Any]], command: str, trials: int) -> str:
             lines += ["", "Workers the service reported (`/healthz`):", "",
                       "| worker | GPU index | GPU UUID | status |", "| --- | --- | --- | --- |"]
             for w in workers:
-                lines.append(f"| {w.get('id')} | {w.get('gpu_index')} | {w.get('gpu_uuid')} | "
+                lines.append(f"| {w.get('id')} | {w.get('index')} | {w.get('uuid')} | "
                              f"{w.get('status')} |")
         lines += ["", "| job shape | status | best ms | trials | worker that held it |",
                   "| --- | --- | --- | --- | --- |"]
@@ -220,6 +299,16 @@ def markdown(runs: list[dict[str, Any]], command: str, trials: int) -> str:
                 best = f"{t['best_ms']:.4f}" if t.get("best_ms") else "-"
                 lines.append(f"| {s['M']}x{s['N']}x{s['K']} | {t['status']} | {best} | "
                              f"{t['trials_done']} | {r['owners'].get(t['id'], '?')} |")
+    if kill is not None:
+        gpus = sorted(set(kill["gpu_processes"].values()))
+        gone = f"{kill['gone_s']:.1f} s" if kill["gone_s"] is not None else "NOT within 30 s"
+        lines += ["", "## A worker SIGKILLed mid-task", "",
+                  f"`tuner worker --device-index {kill['worker_index']}` with "
+                  f"CUDA_VISIBLE_DEVICES={runs[0]['visible'] if runs else '?'}: "
+                  f"{kill['children']} descendant processes after {kill['trials_before_kill']} "
+                  f"trials; its processes on the GPU(s) with index {', '.join(gpus) or '-'} "
+                  f"({len(kill['gpu_processes'])} process(es)); every descendant gone and "
+                  f"off the GPU {gone} after the SIGKILL."]
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +319,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--out", default="-")
     parser.add_argument("--json", default=None, help="also write the raw runs here")
+    parser.add_argument("--kill-check", action="store_true",
+                        help="also SIGKILL a worker mid-task and time its children's end")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="multi-gpu-"))
     runs = []
@@ -242,8 +333,11 @@ def main() -> int:
         for path in logs:
             print(f"--- {path.name} (tail) ---")
             print("\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+    kill = kill_check(args.visible, workdir) if args.kill_check else None
+    if kill is not None:
+        print(f"kill check: {kill}", flush=True)
     command = "python3 -m bench.multi_gpu " + " ".join(sys.argv[1:])
-    text = markdown(runs, command, args.trials)
+    text = markdown(runs, command, args.trials, kill)
     if args.out == "-":
         print(text)
     else:

@@ -59,10 +59,10 @@ class GpuSampler(threading.Thread):
         self.interval_s = interval_s
         self.samples: list[dict[str, dict[str, float]]] = []
         self.pids: dict[str, set[int]] = {}
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             gpus = _query(["nvidia-smi", "--query-gpu=uuid,index,utilization.gpu,clocks.sm,"
                            "power.draw,memory.used", "--format=csv,noheader,nounits"])
             sample = {}
@@ -77,7 +77,7 @@ class GpuSampler(threading.Thread):
                 self.pids.setdefault(uuid, set()).add(int(pid))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
     def summary(self) -> list[dict[str, Any]]:

@@ -332,7 +332,9 @@ def main() -> int:
         logs = sorted(workdir.glob("serve-*.log"))
         for path in logs:
             print(f"--- {path.name} (tail) ---")
-            print("\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+            lines = [line for line in path.read_text(errors="replace").splitlines()
+                     if "HTTP/1.1" not in line]  # uvicorn's access log says nothing here
+            print("\n".join(lines[-25:]))
     kill = kill_check(args.visible, workdir) if args.kill_check else None
     if kill is not None:
         print(f"kill check: {kill}", flush=True)

@@ -3,9 +3,11 @@ lookup (``GET /configs``, each item of ``POST /configs/query``) costs no databas
 
 Candidates (``repo.serving_candidates``: the bests of one kernel, kernel version and dtype, on
 every device, with their log2 shapes) are loaded per (kernel, kernel version, dtype) on first
-use and kept, grouped by device and by (device, shape key) so that an exact hit ranks only the
-rows of that shape. Answers come from ``repo.serve_best`` over the subset that can match the
-caller, which is exactly what it returns over all of them (see ``Group.serve``).
+use and kept, split into the pools the ladder ranks (a device's rows of one Triton minor, a
+device's rows, other real GPUs' rows), each with a dict by shape key and a matrix of log2
+shapes. Answers come from ``repo.serve_best`` over the few rows it can choose for the caller
+(the exact shape's, else the nearest shape's, of the first pool with any row), which is
+exactly what it returns over all of them (see ``Group.serve``).
 
 Freshness: at most every ``refresh_s`` seconds (``TUNER_SERVING_REFRESH_S``, default 0.5) a
 lookup asks the database for ``repo.best_configs_version`` (one aggregate query: count, largest
@@ -14,7 +16,7 @@ group is dropped and reloaded on its next use. So a best stored by another proce
 another API replica or uvicorn worker) is served at most ``refresh_s`` after its commit. A
 write made through this process (a session of this process committing an INSERT, UPDATE or
 DELETE of a best or a device) drops the groups at once. ``refresh_s = 0`` turns the index off:
-every lookup reads the database, as before the index (``bench/serving_load.py --no-index``).
+every lookup reads the database, as before the index (``bench/serving_load.py``'s "before").
 What the version does not see: a replaced best whose new ``updated_at`` is older than the
 newest one stored (a writer whose clock lags the others') shows up at the next other change.
 """
@@ -39,6 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from db import repo
 from db.models import BestConfig, Device
 from tuner.identity import triton_minor
+from tuner.kernel import TunableKernel
 from tuner.shapes import shape_key
 
 #: default seconds between two version checks of one process's index
@@ -160,11 +163,10 @@ class ServingIndex:
     def enabled(self) -> bool:
         return self.refresh_s > 0
 
-    def registered_version(self, kernel: Any) -> str:
-        name: str = kernel.name
-        if name not in self._versions:
-            self._versions[name] = str(kernel.version)
-        return self._versions[name]
+    def registered_version(self, kernel: TunableKernel) -> str:
+        if kernel.name not in self._versions:
+            self._versions[kernel.name] = str(kernel.version)
+        return self._versions[kernel.name]
 
     def group(self, kernel: str, kernel_version: str, dtype: str) -> Group:
         """The candidates of that kernel version and dtype, as of at most ``refresh_s`` ago."""

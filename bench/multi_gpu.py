@@ -258,6 +258,16 @@ def _status(pid: int) -> str:
         return "zombie"
 
 
+def _seconds(job: dict[str, Any]) -> str:
+    from datetime import datetime
+
+    if not job.get("started_at") or not job.get("finished_at"):
+        return "-"
+    took = (datetime.fromisoformat(job["finished_at"])
+            - datetime.fromisoformat(job["started_at"])).total_seconds()
+    return f"{took:.1f}"
+
+
 def markdown(runs: list[dict[str, Any]], command: str, trials: int,
              kill: dict[str, Any] | None = None) -> str:
     lines = ["# Several GPUs under one `tuner serve`", "",
@@ -291,14 +301,15 @@ def markdown(runs: list[dict[str, Any]], command: str, trials: int,
             for w in workers:
                 lines.append(f"| {w.get('id')} | {w.get('index')} | {w.get('uuid')} | "
                              f"{w.get('status')} |")
-        lines += ["", "| job shape | status | best ms | trials | worker that held it |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += ["", "| job shape | status | best ms | trials | job s (start to end) | "
+                  "worker that held it |", "| --- | --- | --- | --- | --- | --- |"]
         for job in r["jobs"]:
             for t in job["tasks"]:
                 s = t["shape"]
                 best = f"{t['best_ms']:.4f}" if t.get("best_ms") else "-"
                 lines.append(f"| {s['M']}x{s['N']}x{s['K']} | {t['status']} | {best} | "
-                             f"{t['trials_done']} | {r['owners'].get(t['id'], '?')} |")
+                             f"{t['trials_done']} | {_seconds(job)} | "
+                             f"{r['owners'].get(t['id'], '?')} |")
     if kill is not None:
         gpus = sorted(set(kill["gpu_processes"].values()))
         gone = f"{kill['gone_s']:.1f} s" if kill["gone_s"] is not None else "NOT within 30 s"

@@ -149,6 +149,60 @@ def test_serve_plans_one_worker_per_gpu(monkeypatch):
     assert service.worker_plan(Settings(), workers=0, backend=None)[1] == []
 
 
+def test_gpu_workers_on_one_machine_share_its_cores_for_compiling(monkeypatch):
+    """Compiling is CPU-bound: two workers each with a process per core paid twice the start-up
+    and fought over the cores (1.17x from 2 GPUs on the H200 pair)."""
+    from tuner.backends import compile_pool
+
+    monkeypatch.setattr(compile_pool.os, "sched_getaffinity", lambda _pid: set(range(32)))
+    assert service.compile_workers_for(Settings(), "cuda", 1) == 31
+    assert service.compile_workers_for(Settings(), "cuda", 2) == 15
+    assert service.compile_workers_for(Settings(), "cuda", 64) == 1
+    assert service.compile_workers_for(Settings(compile_workers=3), "cuda", 2) == 3
+    assert service.compile_workers_for(Settings(), "interpret", 2) is None
+
+
+def test_serve_tells_each_worker_how_many_share_the_machine(monkeypatch):
+    started: list[list[str]] = []
+
+    class Recorded:
+        def __init__(self, cmd: list[str], **_kwargs: Any) -> None:
+            started.append(cmd)
+
+    monkeypatch.setattr(service.subprocess, "Popen", Recorded)
+    pool = service.WorkerPool("cuda", [0, 1, 2], env={})
+    pool.slots = [service._Slot(i) for i in pool.device_indices]
+    for slot in pool.slots:
+        pool._spawn(slot)
+    assert [cmd[cmd.index("--workers-on-host") + 1] for cmd in started] == ["3", "3", "3"]
+    assert [cmd[cmd.index("--device-index") + 1] for cmd in started] == ["0", "1", "2"]
+
+
+def test_a_worker_hands_its_compile_share_to_each_task(monkeypatch, tmp_path: Path):
+    from tuner import worker as worker_module
+
+    seen: dict[str, Any] = {}
+
+    def fake_execute(_factory: Any, task_id: int, **kwargs: Any) -> Any:
+        seen.update(kwargs, task_id=task_id)
+        return worker_module.TaskOutcome(task_id, "succeeded", None, None, False)
+
+    monkeypatch.setattr(worker_module, "execute_task", fake_execute)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    factory = init_db(url)
+    kernel = get_kernel("softmax")
+    with factory() as session:
+        repo.create_job(session, kernel="softmax", kernel_version=kernel.version,
+                        dtype="float32", shapes=[{"M": 4, "N": 8}], budget_trials=1,
+                        budget_seconds=None, strategy="auto", force=True, seed=0,
+                        backend="cuda", device_key=None)
+        session.commit()
+    w = worker_module.Worker(factory, backend_kind="cuda", device_key="cuda:X:sm90",
+                             compile_workers=7)
+    assert w.run_once() is not None
+    assert seen["compile_workers"] == 7
+
+
 @pytest.mark.skipif(shutil.which("docker-compose") is None,
                     reason="docker-compose is not installed (scripts/test.sh installs it)")
 def test_docker_compose_file_is_valid_for_both_profiles():

@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
     worker.add_argument("--device-index", type=int, default=0)
     worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    worker.add_argument("--workers-on-host", type=int, default=1, metavar="N",
+                        help="GPU workers sharing this machine's cores: each compiles ahead on "
+                             "its share (default 1; tuner serve passes its count)")
 
     serve = sub.add_parser("serve", help="start the API and one worker per local GPU")
     serve.add_argument("--host", default="127.0.0.1")

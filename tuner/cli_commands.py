@@ -252,7 +252,7 @@ def worker(args: argparse.Namespace) -> int:
     from tuner.service import run_worker
 
     return run_worker(_settings(args), backend=args.backend, device_index=args.device_index,
-                      parent_pid=args.parent_pid)
+                      parent_pid=args.parent_pid, workers_on_host=args.workers_on_host)
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -61,10 +61,12 @@ def _register_device(factory: Any, fingerprint: DeviceFingerprint,
 
 
 def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0, *,
-               parent_pid: int | None = None) -> int:
+               parent_pid: int | None = None, workers_on_host: int = 1) -> int:
     """Claim and run tasks for one device until SIGTERM/SIGINT (the current task is stopped at
     its next check and re-queued; a second signal exits at once). ``parent_pid``: stop when
-    that process is gone (``serve`` passes its own pid so that no worker outlives it)."""
+    that process is gone (``serve`` passes its own pid so that no worker outlives it).
+    ``workers_on_host``: GPU workers sharing this machine's cores (``serve`` passes its count):
+    each compiles ahead on its share (``TUNER_COMPILE_WORKERS`` overrides it)."""
     from db.engine import init_db
     from tuner.worker import Worker, reap_forever
 
@@ -79,7 +81,8 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
                     "timings are not GPU timings and are stored under 'interpret:cpu'")
     _register_device(factory, fingerprint, calibration)
     worker = Worker(factory, backend_kind=kind, device_key=fingerprint.key,
-                    device_index=device_index, lease_seconds=settings.lease_seconds)
+                    device_index=device_index, lease_seconds=settings.lease_seconds,
+                    compile_workers=compile_workers_for(settings, kind, workers_on_host))
     _register_worker(factory, worker.id, fingerprint, kind,
                      device_index if kind == "cuda" else None)
     _stop_on_signals(worker.stopping)
@@ -94,6 +97,19 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
         _stop_worker_row(factory, worker.id)
     log.info("worker %s stopped", worker.id)
     return 0
+
+
+def compile_workers_for(settings: Settings, kind: str, workers_on_host: int) -> int | None:
+    """Compile processes of each of this worker's tasks: ``TUNER_COMPILE_WORKERS`` when set,
+    else the cores shared among the host's GPU workers; None on the interpreter (the backend
+    compiles nothing ahead there)."""
+    from tuner.backends.compile_pool import default_pool_size
+
+    if kind != "cuda":
+        return None
+    if settings.compile_workers >= 0:
+        return settings.compile_workers
+    return default_pool_size(workers_on_host)
 
 
 def _register_worker(factory: Any, worker_id: str, fingerprint: DeviceFingerprint, kind: str,
@@ -199,7 +215,8 @@ class WorkerPool:
 
     def _spawn(self, slot: _Slot) -> None:
         cmd = [sys.executable, "-m", "tuner.cli", "worker", "--backend", self.kind,
-               "--device-index", str(slot.device_index), "--parent-pid", str(os.getpid())]
+               "--device-index", str(slot.device_index), "--parent-pid", str(os.getpid()),
+               "--workers-on-host", str(len(self.slots))]
         slot.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True)
         slot.started = time.monotonic()
 

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     #: workers stop a search once its best reaches this fraction of the device's roofline for
     #: the problem (0: never)
     roofline_stop: float = Field(default=0.95, ge=0, le=1)
+    #: compile processes per GPU worker (compiling candidates ahead of the GPU); -1: the
+    #: machine's cores shared among the workers ``tuner serve`` starts on it, less one each
+    compile_workers: int = Field(default=-1, ge=-1)
     #: new misses (lookups not served exactly) one client may have queued as tuning jobs in
     #: the last hour; later ones are recorded, not queued (0: record misses, never queue)
     miss_rate_per_client: int = Field(default=60, ge=0)

@@ -103,7 +103,8 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  timing: TimingOptions | None = None,
                  on_trial: Callable[[int, Measurement], None] | None = None,
                  heartbeat: Callable[[], bool] | None = None,
-                 worker_id: str | None = None) -> TaskOutcome:
+                 worker_id: str | None = None,
+                 compile_workers: int | None = None) -> TaskOutcome:
     """Run one task to its end and persist everything. ``heartbeat`` renews the lease and
     returns False when the task is no longer ours (then the search stops). With ``worker_id``
     (the lease owner: the worker's id, ``"cli"`` for ``tuner tune``) every write is made only
@@ -124,7 +125,7 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
     try:
         backend = open_backend(backend_kind, kernel, shape, dtype, seed=job_seed(options_base),
                                replay_table=replay_table, device_index=device_index,
-                               timing=timing)
+                               timing=timing, compile_workers=compile_workers)
         try:
             return _run_with_backend(_Run(factory, task_id, worker_id), job_id, kernel, shape,
                                      dtype, backend, options_base, resume, on_trial, heartbeat)
@@ -285,8 +286,11 @@ class Worker:
 
     def __init__(self, factory: SessionFactory, *, backend_kind: str, device_key: str,
                  device_index: int = 0, lease_seconds: float = 60.0, poll_seconds: float = 1.0,
-                 timing: TimingOptions | None = None, name: str | None = None) -> None:
+                 timing: TimingOptions | None = None, name: str | None = None,
+                 compile_workers: int | None = None) -> None:
         self.factory, self.backend_kind, self.device_key = factory, backend_kind, device_key
+        #: compile processes per task (None: the backend's default)
+        self.compile_workers = compile_workers
         self.device_index, self.lease_seconds, self.poll_seconds = (
             device_index, lease_seconds, poll_seconds)
         self.timing = timing
@@ -311,7 +315,8 @@ class Worker:
         try:
             outcome = execute_task(self.factory, task_id, backend_kind=self.backend_kind,
                                    device_index=self.device_index, timing=self.timing,
-                                   heartbeat=beat.alive, worker_id=self.id)
+                                   heartbeat=beat.alive, worker_id=self.id,
+                                   compile_workers=self.compile_workers)
         except BaseException:  # exiting at once (a second signal): give the task back now
             self._release(task_id)
             raise

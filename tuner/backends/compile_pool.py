@@ -40,13 +40,16 @@ log = logging.getLogger(__name__)
 POOL_NICENESS = 5
 
 
-def default_pool_size() -> int:
-    """One compile process per usable CPU core, less one for the GPU child and the parent."""
+def default_pool_size(workers_on_host: int = 1) -> int:
+    """The usable CPU cores shared among the GPU workers of this machine, less one per worker
+    for its GPU child and itself (at least one). Compiling is CPU-bound: two workers with a
+    process per core each would share the cores anyway, each paying to start twice as many
+    processes (measured on 2 H200s: ``bench/results/multi_gpu_h200x2.md``)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, cores // max(1, workers_on_host) - 1)
 
 
 def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, int],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
@@ -99,6 +100,27 @@ def check_interpreter_size(kernel: TunableKernel, shapes: list[dict[str, int]], 
                 f"that can run this job here: one trial would take at least {estimate:.0f} s "
                 f"(this service's limit: {limit_s:.0f} s); use a smaller shape or target a "
                 "GPU", field=f"shapes.{i}")
+
+
+def check_fits_gpu(kernel: TunableKernel, shapes: list[dict[str, int]], dtype: str,
+                   memory_bytes: int | None) -> None:
+    """Refuse shapes whose inputs cannot fit in the share of the GPU's memory one task may use
+    (``TUNER_GPU_MEMORY_FRACTION`` of it, as the measuring child enforces): the worker would
+    only fail the task. ``memory_bytes``: the largest GPU that could run the job (None:
+    unknown, nothing is refused)."""
+    from tuner.backends.child import DEFAULT_GPU_MEMORY_FRACTION
+
+    if not memory_bytes:
+        return
+    fraction = float(os.environ.get("TUNER_GPU_MEMORY_FRACTION", DEFAULT_GPU_MEMORY_FRACTION))
+    limit = fraction * memory_bytes
+    for i, shape in enumerate(shapes):
+        need = kernel.bytes(shape, dtype)
+        if need > limit:
+            raise InvalidRequest(
+                f"shape {shape} needs {need / 2**30:.1f} GiB of {dtype} inputs and outputs; "
+                f"a task may use {limit / 2**30:.1f} GiB of the largest GPU that could run it "
+                f"({memory_bytes / 2**30:.0f} GiB)", field=f"shapes.{i}")
 
 
 # -- hostile input -----------------------------------------------------------------------------

@@ -215,6 +215,28 @@ def test_a_shape_whose_interpreter_trial_is_too_long_is_refused(any_client, any_
         "trials": 5}}).status_code == 202
 
 
+def test_a_shape_whose_tensors_cannot_fit_the_gpu_is_refused(any_client, any_db_url):
+    """Once a GPU's memory is known, a shape whose inputs cannot fit a task's share of it is
+    refused at submission (the worker would only fail the task)."""
+    too_big = {"M": 40960, "N": 40960, "K": 40960}  # three tensors of 3.1 GiB each
+    fits = {"M": 8192, "N": 8192, "K": 8192}
+    assert any_client.post("/api/v1/jobs", json={**JOB, "shapes": [too_big]}).status_code == (
+        202)  # no GPU known: nothing to refuse by
+    live_worker(any_db_url, GPU, "cuda")
+    with init_db(any_db_url)() as session:
+        repo.upsert_device(session, {"key": GPU, "memory_bytes": 8 * 2**30})
+        session.commit()
+    refused = any_client.post("/api/v1/jobs", json={**JOB, "shapes": [fits, too_big],
+                                                    "budget": {"trials": 3}})
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["body", "shapes", 1]
+    assert "GiB" in refused.json()["detail"][0]["msg"]
+    pinned = any_client.post("/api/v1/jobs", json={**JOB, "device": GPU, "shapes": [too_big]})
+    assert pinned.status_code == 422
+    assert any_client.post("/api/v1/jobs", json={**JOB, "shapes": [fits], "budget": {
+        "trials": 3}}).status_code == 202
+
+
 def test_the_interpreter_estimate_grows_with_the_problem():
     from search_spaces import get_kernel
 

@@ -22,6 +22,7 @@ from api.schemas import (
 from api.validation import (
     INTERPRETER_KEY,
     check_dtype,
+    check_fits_gpu,
     check_interpreter_dtype,
     check_interpreter_size,
     check_shape,
@@ -74,6 +75,18 @@ def only_interpreter(session: Session, body: JobCreate, settings: Settings) -> b
     return bool(live) and all(kinds.get(key, "") == "interpret" for key in live)
 
 
+def gpu_memory_for(session: Session, body: JobCreate, settings: Settings) -> int | None:
+    """The most GPU memory a worker that could run the job has: its target device's, else the
+    largest of the live GPU workers' devices; None when unknown (no GPU registered yet)."""
+    if body.device is not None:
+        device = repo.get_device(session, body.device)
+        return device.memory_bytes if device is not None and device.kind == "cuda" else None
+    live = repo.live_device_keys(session, settings.lease_seconds)
+    sizes = [d.memory_bytes for d in repo.list_devices(session)
+             if d.key in live and d.kind == "cuda" and d.memory_bytes]
+    return max(sizes) if sizes else None
+
+
 def _validated_shapes(kernel: TunableKernel, body: JobCreate,
                       max_shapes: int) -> list[dict[str, int]]:
     if len(body.shapes) > max_shapes:
@@ -105,6 +118,8 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     shapes = _validated_shapes(kernel, body, settings.max_shapes_per_job)
     if interpreter:
         check_interpreter_size(kernel, shapes, body.dtype, settings.interpreter_trial_limit_s)
+    else:
+        check_fits_gpu(kernel, shapes, body.dtype, gpu_memory_for(session, body, settings))
     fields: dict[str, Any] = dict(
         kernel=kernel.name, kernel_version=kernel.version, dtype=body.dtype, shapes=shapes,
         budget_trials=body.budget.trials, budget_seconds=body.budget.seconds,

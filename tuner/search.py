@@ -54,8 +54,16 @@ class SearchOptions:
     #: the fastest time the device's measured ceilings allow for this problem (the roofline:
     #: max(FLOPs / matmul peak, bytes / copy bandwidth)); None: unknown
     floor_ms: float | None = None
-    #: stop once the best reaches this fraction of the roofline (floor_ms / best_ms); None: never
+    #: stop once the best reaches this fraction of the roofline (floor_ms / best_ms), as
+    #: confirmed by re-timing it (``confirm_rounds`` interleaved rounds); None: never
     roofline_stop: float | None = None
+    confirm_rounds: int = 3
+    #: the stored best for this identity (the worker's): re-timed beside the finalists in the
+    #: same process, so that a stored best is only replaced by a config measured faster under
+    #: the same conditions (``SearchResult.incumbent``)
+    incumbent: KernelConfig | None = None
+    #: time the kernel's ``baseline`` (torch) beside the finalists (``SearchResult.baseline``)
+    baseline: bool = True
 
 
 @dataclass
@@ -68,6 +76,12 @@ class SearchResult:
     space_size: int
     feasible_size: int
     finalists: list[Measurement] = field(default_factory=list)
+    #: ``SearchOptions.incumbent`` re-timed beside the finalists (a failure outcome when it
+    #: no longer runs or verifies); None without one, or when re-timing failed
+    incumbent: Measurement | None = None
+    #: the kernel's baseline (torch) re-timed beside the finalists; None when the kernel has
+    #: none, the backend cannot time it (a replay table without one) or re-timing failed
+    baseline: Measurement | None = None
 
     @property
     def counts(self) -> dict[str, int]:

@@ -36,6 +36,16 @@ class TimingOptions:
     #: deaths in a row (no config ran in between) after which the device is reported
     #: unhealthy; each death is followed by a self-test, so these are bad configs in a row
     max_consecutive_deaths: int = 8
+    #: the timing protocol, "settled sustained state" (tuner/gpu_state.py says why): before
+    #: the first timing of a task, before every re-timing, before calibrating and after the
+    #: GPU idled ``resettle_idle_s``, the child runs the load about to be timed until the SM
+    #: clock fell less than ``settle_drop_mhz`` over the last ``settle_window_ms`` (at most
+    #: ``settle_max_ms``; without a clock reading, ``settle_max_ms`` in full). 0: off, every
+    #: config is timed in whatever state the GPU happens to be in.
+    settle_max_ms: float = 20000.0
+    settle_window_ms: float = 1000.0
+    settle_drop_mhz: float = 15.0
+    resettle_idle_s: float = 3.0
 
 
 class Backend(Protocol):
@@ -64,8 +74,14 @@ class Backend(Protocol):
         """One measurement per config, in the order of ``configs``."""
         ...
 
-    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
-        """Time ``configs`` again, interleaved round-robin, for a fair final comparison."""
+    def retime(self, configs: Sequence[KernelConfig], rounds: int,
+               baseline: bool = False) -> list[Measurement]:
+        """Time ``configs`` again, interleaved round-robin (every round times each once), for a
+        fair final comparison: one measurement per config, in order, each with
+        ``extra["measured"] == "retimed"``. With ``baseline``, the kernel's ``baseline`` (the
+        vendor library doing the same work: torch) is timed in the same rounds and one more
+        measurement is appended for it (``config=KernelConfig({})``, ``extra["baseline"] ==
+        "torch"``), if the backend can time one. [] when re-timing failed."""
         ...
 
     def close(self) -> None: ...

@@ -35,9 +35,23 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 #: what a worker is doing (``workers.status``)
 WORKER_STATUSES = ("starting", "idle", "busy", "unhealthy", "stopped")
 
+#: which measurement a time is: a trial's own timing, or a re-timing of the finalists
+#: side by side in one process at the end of the search
+MEASURED = ("trial", "retimed")
+
 #: the WHERE clause of the partial unique index on ``jobs.request_key``: at most one queued or
 #: running job per request key (identical submissions share it; finished jobs do not count)
 ACTIVE_JOB_WHERE = "status IN ('queued', 'running')"
+
+
+def vs_baseline(best_ms: float | None, best_measured: str | None,
+                baseline_ms: float | None) -> float | None:
+    """How many times faster than the baseline the best is (0.83: slower), ONLY from a
+    re-timed best and the baseline timed interleaved with it in the same process: times taken
+    at other moments differ by more than the gap being reported."""
+    if not best_ms or not baseline_ms or best_measured != "retimed":
+        return None
+    return baseline_ms / best_ms
 
 
 def utcnow() -> datetime:
@@ -87,6 +101,11 @@ class Device(Base):
     driver_version: Mapped[str | None] = mapped_column(String(40))
     copy_gbps: Mapped[float | None] = mapped_column(Float)
     matmul_tflops: Mapped[float | None] = mapped_column(Float)
+    #: (max - min) / median of the calibration's repeated runs (0.05: 5% apart)
+    copy_gbps_spread: Mapped[float | None] = mapped_column(Float)
+    matmul_tflops_spread: Mapped[float | None] = mapped_column(Float)
+    #: how many runs each calibrated figure is the median of
+    calibration_runs: Mapped[int | None] = mapped_column(Integer)
     calibrated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -141,8 +160,21 @@ class Task(Base):
     #: the device that ran it
     device_key: Mapped[str | None] = mapped_column(String(200))
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    #: the best config's time: a trial's p50 while the search runs, its re-timed p50 once the
+    #: finalists were re-timed side by side (``best_measured`` says which)
     best_ms: Mapped[float | None] = mapped_column(Float)
     best_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: which measurement ``best_ms`` is (``MEASURED``; a task answered from the store: the
+    #: stored row's)
+    best_measured: Mapped[str | None] = mapped_column(String(20))
+    #: the vendor's operation (``baseline_name``, e.g. torch) timed in the same child,
+    #: interleaved with the finalists: the only time a "vs torch" figure is computed from
+    baseline_ms: Mapped[float | None] = mapped_column(Float)
+    baseline_name: Mapped[str | None] = mapped_column(String(40))
+    #: the stored best's re-timed p50, measured beside this task's finalists
+    incumbent_ms: Mapped[float | None] = mapped_column(Float)
+    #: what became of the stored best for the task's identity, in words
+    best_note: Mapped[str | None] = mapped_column(Text)
     #: outcome value -> number of trials with it
     outcome_counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
@@ -151,6 +183,11 @@ class Task(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="tasks")
+
+    @property
+    def vs_baseline(self) -> float | None:
+        """``vs_baseline`` of this task's best and its same-child baseline."""
+        return vs_baseline(self.best_ms, self.best_measured, self.baseline_ms)
 
 
 class Trial(Base):
@@ -171,6 +208,18 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     compile_s: Mapped[float | None] = mapped_column(Float)
     max_error: Mapped[float | None] = mapped_column(Float)
+    #: the finalists' times when re-timed side by side at the end of the search (None for the
+    #: other trials): p50_ms stays the trial's own timing
+    retimed_p20_ms: Mapped[float | None] = mapped_column(Float)
+    retimed_p50_ms: Mapped[float | None] = mapped_column(Float)
+    retimed_p80_ms: Mapped[float | None] = mapped_column(Float)
+    #: the GPU's state sampled right after the trial's timing (NVML; None on the interpreter)
+    sm_mhz: Mapped[int | None] = mapped_column(Integer)
+    mem_mhz: Mapped[int | None] = mapped_column(Integer)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    temp_c: Mapped[int | None] = mapped_column(Integer)
+    #: NVML's clock throttle reasons bitmask (0: not throttled)
+    throttle: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -200,6 +249,11 @@ class BestConfig(Base):
     torch_version: Mapped[str | None] = mapped_column(String(40))
     cuda_version: Mapped[str | None] = mapped_column(String(40))
     task_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id", ondelete="SET NULL"))
+    #: which measurement p20/p50/p80 are (``MEASURED``; None: stored before this was recorded)
+    measured: Mapped[str | None] = mapped_column(String(20))
+    #: one more at every write: a worker replaces the row only at the revision whose config it
+    #: re-timed beside its finalists (``repo.write_best``)
+    revision: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -56,6 +56,7 @@ from sqlalchemy.orm.util import identity_key
 
 from db.models import (
     ACTIVE,
+    MEASURED,
     TERMINAL,
     WORKER_STATUSES,
     BestConfig,
@@ -196,12 +197,17 @@ def list_devices(session: Session) -> list[Device]:
 
 
 def set_calibration(session: Session, device_key: str, copy_gbps: float | None,
-                    matmul_tflops: float | None) -> Device:
-    """Record a device's measured limits (the roofline's ceilings). NotFound if unknown."""
+                    matmul_tflops: float | None, *, copy_gbps_spread: float | None = None,
+                    matmul_tflops_spread: float | None = None,
+                    runs: int | None = None) -> Device:
+    """Record a device's measured limits (the roofline's ceilings): the medians of ``runs``
+    repeated runs and their spreads ((max - min) / median). NotFound if unknown."""
     device = session.scalar(select(Device).where(Device.key == device_key))
     if device is None:
         raise NotFound(f"no device {device_key!r}")
     device.copy_gbps, device.matmul_tflops = copy_gbps, matmul_tflops
+    device.copy_gbps_spread, device.matmul_tflops_spread = copy_gbps_spread, matmul_tflops_spread
+    device.calibration_runs = runs
     device.calibrated_at = utcnow()
     session.flush()
     return device
@@ -494,7 +500,9 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
                                                          Task.status == "queued")
                              .values(status="succeeded", device_key=device_key,
                                      finished_at=utcnow(), best_ms=best.p50_ms,
-                                     best_config=dict(best.config), error=None))
+                                     best_config=dict(best.config), error=None,
+                                     best_measured=best.measured,
+                                     best_note="answered from the store (tuned before)"))
     _settle_job(session, job.id)
     _reloaded_job(session, job.id)
     return answered
@@ -667,13 +675,40 @@ def _owned(statement: Any, worker_id: str | None) -> Any:
 
 
 def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int], *,
-                  worker_id: str | None = None) -> bool:
-    """The task's final best, after the finalists were re-timed side by side. With
+                  worker_id: str | None = None, measured: str = "retimed",
+                  baseline_ms: float | None = None, baseline_name: str | None = None,
+                  incumbent_ms: float | None = None, note: str | None = None) -> bool:
+    """The task's final best, after the finalists were re-timed side by side (``measured``
+    ``retimed``; ``trial`` when they could not be, e.g. an interrupted search), with what was
+    timed beside them in the same process: the baseline (``baseline_name``, e.g. torch) and
+    the stored best (``incumbent_ms``), and ``note``, what became of the stored best. With
     ``worker_id``, only while the task runs under that worker's lease. False: nothing written
     (no such task, or the lease is lost)."""
+    if measured not in MEASURED:
+        raise ValueError(f"measured {measured!r}: expected one of {', '.join(MEASURED)}")
     return _changed_row(session, Task, task_id, _owned(update(Task).where(Task.id == task_id),
                                                        worker_id)
-                        .values(best_ms=ms, best_config=dict(config)))
+                        .values(best_ms=ms, best_config=dict(config), best_measured=measured,
+                                baseline_ms=baseline_ms, baseline_name=baseline_name,
+                                incumbent_ms=incumbent_ms, best_note=note))
+
+
+def record_retimed(session: Session, task_id: int,
+                   measurements: Iterable[Mapping[str, Any]]) -> int:
+    """Store the finalists' re-timed times (``Measurement.to_dict()``s) beside their trials'
+    own (``Trial.retimed_*``), matched by config; the trial times are left as measured.
+    Returns how many trials got one."""
+    written = 0
+    for m in measurements:
+        if m.get("outcome") != "ok" or m.get("p50_ms") is None:
+            continue
+        written += _rowcount(session.execute(
+            update(Trial).where(Trial.task_id == task_id,
+                                Trial.config_key == _config_key(m["config"]))
+            .values(retimed_p20_ms=m.get("p20_ms"), retimed_p50_ms=m["p50_ms"],
+                    retimed_p80_ms=m.get("p80_ms"))
+            .execution_options(synchronize_session=False)))
+    return written
 
 
 # -- trials -----------------------------------------------------------------------------------
@@ -693,7 +728,8 @@ def record_trial(session: Session, task_id: int, number: int,
     if outcome == "ok" and p50_ms is not None:
         faster = or_(Task.best_ms.is_(None), Task.best_ms > p50_ms)
         values.update(best_ms=case((faster, p50_ms), else_=Task.best_ms),
-                      best_config=case((faster, literal(config, JSON)), else_=Task.best_config))
+                      best_config=case((faster, literal(config, JSON)), else_=Task.best_config),
+                      best_measured=case((faster, "trial"), else_=Task.best_measured))
     if not _changed_row(session, Task, task_id,
                         _owned(update(Task).where(Task.id == task_id), worker_id)
                         .values(**values)):
@@ -701,16 +737,41 @@ def record_trial(session: Session, task_id: int, number: int,
             raise LeaseLost(f"task {task_id} is no longer leased to worker {worker_id}: "
                             f"trial {number} not stored")
         raise NotFound(f"no task {task_id}")
-    trial = Trial(task_id=task_id, number=number, config=config,
-                  # same as KernelConfig.key(): sorted name=value pairs
-                  config_key=",".join(f"{k}={config[k]}" for k in sorted(config)),
+    trial = Trial(task_id=task_id, number=number, config=config, config_key=_config_key(config),
                   outcome=outcome, p20_ms=measurement.get("p20_ms"), p50_ms=p50_ms,
                   p80_ms=measurement.get("p80_ms"), error=measurement.get("error"),
                   compile_s=measurement.get("compile_s"),
-                  max_error=measurement.get("max_error"))
+                  max_error=measurement.get("max_error"),
+                  **gpu_state_columns((measurement.get("extra") or {}).get("gpu")))
     session.add(trial)
     session.flush()
     return trial
+
+
+def _config_key(config: Mapping[str, Any]) -> str:
+    """Same as ``KernelConfig.key()``: sorted name=value pairs."""
+    return ",".join(f"{k}={config[k]}" for k in sorted(config))
+
+
+#: the GPU state a measurement carries (``extra["gpu"]``) -> the trial's column and its type
+GPU_STATE_FIELDS: dict[str, type] = {"sm_mhz": int, "mem_mhz": int, "power_w": float,
+                                     "temp_c": int, "throttle": int}
+
+
+def gpu_state_columns(gpu: Any) -> dict[str, Any]:
+    """The trial columns of a measurement's GPU state (``extra["gpu"]``): each field present
+    as a finite number, else None (no NVML, the interpreter, a field the driver lacks)."""
+    columns: dict[str, Any] = dict.fromkeys(GPU_STATE_FIELDS)
+    if not isinstance(gpu, Mapping):
+        return columns
+    for name, kind in GPU_STATE_FIELDS.items():
+        value = gpu.get(name)
+        if isinstance(value, bool) and name == "throttle":
+            value = int(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            columns[name] = kind(value)
+    return columns
 
 
 def _counted_outcome(session: Session, outcome: str) -> ColumnElement[Any]:
@@ -740,27 +801,77 @@ def _matching(model: type[Any], values: Mapping[str, Any]) -> list[ColumnElement
     return [getattr(model, name) == value for name, value in values.items()]
 
 
+@dataclass(frozen=True, slots=True)
+class BestTimes:
+    """One config's timing as a best config row records it: ``measured`` says which
+    measurement it is (``MEASURED``; None: unknown, e.g. an imported file's)."""
+
+    config: Mapping[str, int]
+    p20_ms: float
+    p50_ms: float
+    p80_ms: float
+    tflops: float | None = None
+    gbps: float | None = None
+    measured: str | None = None
+
+
+def _best_values(shape: Mapping[str, int], times: BestTimes, torch_version: str | None,
+                 cuda_version: str | None, task_id: int | None) -> dict[str, Any]:
+    return dict(shape=dict(shape), config=dict(times.config), p20_ms=times.p20_ms,
+                p50_ms=times.p50_ms, p80_ms=times.p80_ms, tflops=times.tflops, gbps=times.gbps,
+                measured=times.measured, torch_version=torch_version,
+                cuda_version=cuda_version, task_id=task_id, updated_at=utcnow())
+
+
+def write_best(session: Session, *, device_key: str, kernel: str, kernel_version: str,
+               dtype: str, shape: Mapping[str, int], triton_version: str, times: BestTimes,
+               revision: int | None, torch_version: str | None, cuda_version: str | None,
+               task_id: int | None) -> tuple[BestConfig, bool]:
+    """Write the best config of its key as a compare-and-set on the row's revision, after the
+    caller decided from timings taken side by side in one process (the worker re-times the
+    stored config beside its finalists): ``revision`` None inserts it only where the key has
+    no row; a revision replaces the row only while it is still at that revision (the row whose
+    config the caller re-timed), and counts it up. Returns the row as stored now and whether
+    this call wrote it; False: another writer changed the key meanwhile and its row stands
+    (nothing here was timed against it). Safe when workers store the same key at once."""
+    key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version)
+    values = _best_values(shape, times, torch_version, cuda_version, task_id)
+    if revision is None:
+        written = _insert_ignoring_conflicts(session, BestConfig,
+                                             {**key, **values, "revision": 1}, list(key))
+    else:
+        written = _changed(session, update(BestConfig).where(
+            *_matching(BestConfig, key), BestConfig.revision == revision)
+            .values(**values, revision=BestConfig.revision + 1))
+    return _best_row(session, key), written
+
+
 def store_best(session: Session, *, device_key: str, kernel: str, kernel_version: str,
                dtype: str, shape: Mapping[str, int], triton_version: str,
                config: Mapping[str, int], p20_ms: float, p50_ms: float, p80_ms: float,
                tflops: float | None, gbps: float | None, torch_version: str | None,
                cuda_version: str | None, task_id: int | None,
-               noise_margin: float = 0.0) -> tuple[BestConfig, bool]:
+               noise_margin: float = 0.0, measured: str | None = None) -> tuple[BestConfig, bool]:
     """Insert the best config for its key, or replace the stored one only when the new p50 is
-    below the stored p50 * (1 - ``noise_margin``). Returns the stored row and whether this
+    below the stored p50 * (1 - ``noise_margin``). For times that cannot be re-timed side by
+    side (``tuner import``: a file carries one time per config): a worker decides by
+    re-timing and writes with ``write_best`` instead. Returns the stored row and whether this
     call wrote it. Safe when two workers store the same key at once."""
     key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version)
-    result = dict(shape=dict(shape), config=dict(config), p20_ms=p20_ms, p50_ms=p50_ms,
-                  p80_ms=p80_ms, tflops=tflops, gbps=gbps, torch_version=torch_version,
-                  cuda_version=cuda_version, task_id=task_id, updated_at=utcnow())
-    written = _insert_ignoring_conflicts(session, BestConfig, {**key, **result}, list(key))
+    values = _best_values(shape, BestTimes(config, p20_ms, p50_ms, p80_ms, tflops, gbps,
+                                           measured), torch_version, cuda_version, task_id)
+    written = _insert_ignoring_conflicts(session, BestConfig, {**key, **values, "revision": 1},
+                                         list(key))
     if not written:
         written = _changed(session, update(BestConfig).where(
             *_matching(BestConfig, key), BestConfig.p50_ms * (1 - noise_margin) > p50_ms)
-            .values(**result))
-    row = session.scalars(select(BestConfig).where(*_matching(BestConfig, key))
-                          .execution_options(populate_existing=True)).one()
-    return row, written
+            .values(**values, revision=BestConfig.revision + 1))
+    return _best_row(session, key), written
+
+
+def _best_row(session: Session, key: Mapping[str, str]) -> BestConfig:
+    return session.scalars(select(BestConfig).where(*_matching(BestConfig, key))
+                           .execution_options(populate_existing=True)).one()
 
 
 def _best_query(kernel: str | None = None, device_key: str | None = None,

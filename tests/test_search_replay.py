@@ -99,7 +99,7 @@ def test_search_stops_once_the_best_is_near_the_roofline(table):
 
 
 def test_roofline_floor_from_the_calibration():
-    from tuner.worker import roofline_floor_ms
+    from tuner.roofline import floor_ms as roofline_floor_ms
 
     kernel = get_kernel("matmul")
     big = {"M": 4096, "N": 4096, "K": 4096}

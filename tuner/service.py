@@ -56,7 +56,10 @@ def _register_device(factory: Any, fingerprint: DeviceFingerprint,
         repo.upsert_device(session, fingerprint.to_dict())
         if calibration.get("copy_gbps"):
             repo.set_calibration(session, fingerprint.key, calibration["copy_gbps"],
-                                 calibration.get("matmul_tflops"))
+                                 calibration.get("matmul_tflops"),
+                                 copy_gbps_spread=calibration.get("copy_gbps_spread"),
+                                 matmul_tflops_spread=calibration.get("matmul_tflops_spread"),
+                                 runs=calibration.get("runs"))
         session.commit()
 
 

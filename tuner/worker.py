@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,6 +29,7 @@ from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
+from tuner.roofline import floor_ms as roofline_floor_ms
 from tuner.search import SearchOptions, SearchResult, run_search
 from tuner.settings import Settings
 from tuner.shapes import shape_key
@@ -50,6 +51,8 @@ class TaskOutcome:
     device_key: str | None
     stored: bool
     error: str | None = None
+    #: what became of the stored best for the task's identity, in words (``BestDecision``)
+    note: str | None = None
 
 
 def _measurement_of(trial: Any) -> Measurement:
@@ -79,23 +82,6 @@ def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str,
     configs += kernel.known_good_configs(shape, dtype)
     configs.append(kernel.default_config(shape, dtype))
     return [c for c in dict.fromkeys(configs) if space.contains(c)]
-
-
-#: dtypes whose matmul peak the calibration measures (16-bit tensor-core matmul)
-_CALIBRATED_DTYPES = ("float16", "bfloat16")
-
-
-def roofline_floor_ms(kernel: TunableKernel, shape: Mapping[str, int], dtype: str,
-                      copy_gbps: float | None, matmul_tflops: float | None) -> float | None:
-    """The fastest the device's measured ceilings allow: the larger of the time to move the
-    kernel's bytes at the copy bandwidth and (for 16-bit dtypes, which the matmul calibration
-    measures) to do its FLOPs at the matmul peak. None without a calibration."""
-    if not copy_gbps:
-        return None
-    floor_s = kernel.bytes(shape, dtype) / (copy_gbps * 1e9)
-    if matmul_tflops and dtype in _CALIBRATED_DTYPES:
-        floor_s = max(floor_s, kernel.flops(shape) / (matmul_tflops * 1e12))
-    return floor_s * 1e3
 
 
 def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
@@ -167,11 +153,12 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
     with factory() as session:
         repo.upsert_device(session, fp.to_dict())
         repo.set_task_device(session, task_id, fp.key)
-        warm = warm_start_configs(session, kernel, fp.key, dtype, shape,
-                                  backend.restrict(kernel.space()))
+        space = backend.restrict(kernel.space())
+        warm = warm_start_configs(session, kernel, fp.key, dtype, shape, space)
         device = repo.get_device(session, fp.key)
         floor_ms = roofline_floor_ms(kernel, shape, dtype, device.copy_gbps,
                                      device.matmul_tflops) if device else None
+        stored = stored_best(session, kernel, fp, dtype, shape)
         session.commit()
     stop = _StopCheck(factory, job_id, task_id, heartbeat)
 
@@ -182,7 +169,9 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
         if on_trial is not None:
             on_trial(number, m)
 
-    options = SearchOptions(**options_base, warm_start=warm, resume=resume, floor_ms=floor_ms)
+    incumbent = stored.config if stored is not None and space.contains(stored.config) else None
+    options = SearchOptions(**options_base, warm_start=warm, resume=resume, floor_ms=floor_ms,
+                            incumbent=incumbent)
     try:
         result = run_search(kernel, shape, dtype, backend, options, on_trial=record,
                             should_stop=stop)
@@ -193,13 +182,14 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
         return _finish(factory, task_id, stop.status, result, fp.key, False, None,
                        run.worker_id)
     if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
-        stored = _store_best(run, kernel, shape, dtype, fp, result)
-        return _finish(factory, task_id, "cancelled", result, fp.key, stored,
-                       f"{INTERRUPTED} after {len(result.trials)} trial(s)", run.worker_id)
-    stored = _store_best(run, kernel, shape, dtype, fp, result)
+        written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
+        return _finish(factory, task_id, "cancelled", result, fp.key, written,
+                       f"{INTERRUPTED} after {len(result.trials)} trial(s)", run.worker_id,
+                       note)
+    written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
     error = None if result.best else _no_best_reason(result)
     return _finish(factory, task_id, "succeeded" if result.best else "failed", result, fp.key,
-                   stored, error, run.worker_id)
+                   written, error, run.worker_id, note)
 
 
 def _no_best_reason(result: SearchResult) -> str:
@@ -207,42 +197,149 @@ def _no_best_reason(result: SearchResult) -> str:
     return f"no config ran correctly ({counts})"
 
 
+class StoredBest(NamedTuple):
+    """The stored best for a task's identity when its search started: its config (passed to
+    the search as the incumbent, re-timed beside the finalists), its revision (replaced only
+    at that one) and its stored p50."""
+
+    config: KernelConfig
+    revision: int
+    p50_ms: float
+
+
+def stored_best(session: Session, kernel: TunableKernel, fp: Any, dtype: str,
+                shape: Mapping[str, int]) -> StoredBest | None:
+    """The stored best of exactly this identity: device key, kernel, kernel version, dtype,
+    shape and Triton version."""
+    row = repo.get_best(session, device_key=fp.key, kernel=kernel.name, dtype=dtype,
+                        shape_key=shape_key(shape), kernel_version=kernel.version,
+                        triton_version=fp.triton_version or "")
+    if row is None or row.triton_version != (fp.triton_version or ""):
+        return None
+    return StoredBest(KernelConfig(row.config), row.revision, row.p50_ms)
+
+
+@dataclass(frozen=True)
+class BestDecision:
+    """What to write into the stored best after a search (``write``: None leaves the row as
+    it is), how (``verdict``: ``inserted``, ``replaced``, ``kept``, ``unconfirmed``) and why,
+    in words (``note``, kept in the task)."""
+
+    write: Measurement | None
+    verdict: str
+    note: str
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def decide_best(best: Measurement, stored: StoredBest | None, incumbent: Measurement | None,
+                margin: float) -> BestDecision:
+    """Whether the search's best replaces the stored one, from times taken side by side in
+    one process: the best finalist's re-timed p50 against the stored config's (``incumbent``,
+    re-timed beside the finalists), never against the stored p50 (taken in another process, at
+    another clock). The best replaces it only when faster by ``margin`` (relative); otherwise
+    the stored config stays and its row takes its re-timed numbers. A stored config that was
+    not re-timed (the search was interrupted, or re-timing failed) is left as it is."""
+    retimed = best.extra.get("measured") == "retimed"
+    if stored is None:
+        return BestDecision(best, "inserted", "stored this search's best "
+                            f"({'re-timed' if retimed else 'trial'} time): no config was "
+                            "stored for this identity")
+    if not retimed or incumbent is None:
+        why = ("the finalists were not re-timed" if not retimed
+               else "the stored config could not be re-timed beside them")
+        return BestDecision(None, "unconfirmed", f"kept the stored best ({stored.p50_ms:.4f} "
+                            f"ms, not compared: {why}; a stored time from another process is "
+                            "no yardstick)")
+    if best.config == stored.config:
+        return BestDecision(best, "kept", "the stored config is still the best; its row now "
+                            f"holds its re-timed times ({best.p50_ms:.4f} ms, was "
+                            f"{stored.p50_ms:.4f} ms)")
+    if not incumbent.ok or incumbent.p50_ms is None:
+        return BestDecision(best, "replaced", "replaced the stored best: re-timed beside the "
+                            f"finalists it failed ({incumbent.outcome.value})")
+    new_ms, old_ms = best.p50_ms or math.inf, incumbent.p50_ms
+    if new_ms < old_ms * (1 - margin):
+        return BestDecision(best, "replaced", f"replaced the stored best: {new_ms:.4f} ms "
+                            f"against its {old_ms:.4f} ms re-timed beside it, "
+                            f"{_pct(1 - new_ms / old_ms)} faster (noise margin {_pct(margin)})")
+    return BestDecision(incumbent, "kept", f"kept the stored best: re-timed beside the "
+                        f"finalists at {old_ms:.4f} ms (stored {stored.p50_ms:.4f} ms); this "
+                        f"search's best {new_ms:.4f} ms is not faster by the noise margin "
+                        f"({_pct(margin)}); its row now holds the re-timed times")
+
+
+def _noise_margin(*measurements: Measurement | None) -> float:
+    return max([0.01, *(m.noise for m in measurements if m is not None)])
+
+
+def _times(kernel: TunableKernel, shape: dict[str, int], dtype: str,
+           m: Measurement) -> repo.BestTimes:
+    p50 = m.p50_ms or 0.0
+    seconds = p50 * 1e-3
+    return repo.BestTimes(
+        config=m.config.to_dict(), p20_ms=m.p20_ms or p50, p50_ms=p50, p80_ms=m.p80_ms or p50,
+        tflops=kernel.flops(shape) / seconds / 1e12 if seconds else None,
+        gbps=kernel.bytes(shape, dtype) / seconds / 1e9 if seconds else None,
+        measured=str(m.extra.get("measured", "trial")))
+
+
 def _store_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dtype: str, fp: Any,
-                result: SearchResult) -> bool:
-    """Store the verified best as the task's and (if faster) the device's best config, in one
-    transaction, only while the task is still the worker's (else LeaseLost, nothing stored)."""
+                result: SearchResult, stored: StoredBest | None) -> tuple[bool, str | None]:
+    """Store the verified best as the task's, with its baseline and the stored best's re-timed
+    time, the finalists' re-timed times beside their trials, and (``decide_best``) the
+    device's best config, in one transaction, only while the task is still the worker's (else
+    LeaseLost, nothing stored). Returns whether the stored best was written, and why."""
     best = result.best
     if best is None or best.p50_ms is None:
-        return False
-    seconds = best.p50_ms * 1e-3
+        return False, None
+    incumbent, baseline = result.incumbent, result.baseline
+    decision = decide_best(best, stored, incumbent, _noise_margin(best, incumbent))
     with run.factory() as session:
-        if not repo.set_task_best(session, run.task_id, best.p50_ms, best.config.to_dict(),
-                                  worker_id=run.worker_id):
+        written = decision.write is not None and _write_best(
+            session, run, kernel, shape, dtype, fp, decision.write, stored)
+        note = decision.note if written or decision.write is None else (
+            "another worker stored a best for this identity while this search ran: its "
+            "config stands (not re-timed here; the next search re-times it)")
+        baseline_ok = baseline is not None and baseline.ok and baseline.p50_ms
+        if not repo.set_task_best(
+                session, run.task_id, best.p50_ms, best.config.to_dict(),
+                worker_id=run.worker_id, measured=str(best.extra.get("measured", "trial")),
+                baseline_ms=baseline.p50_ms if baseline_ok and baseline else None,
+                baseline_name=str(baseline.extra.get("baseline", "baseline"))
+                if baseline_ok and baseline else None,
+                incumbent_ms=incumbent.p50_ms if incumbent is not None and incumbent.ok
+                else None, note=note):
             raise repo.LeaseLost(f"task {run.task_id} is no longer leased to worker "
                                  f"{run.worker_id}: its best was not stored")
-        _row, written = repo.store_best(
-            session, device_key=fp.key, kernel=kernel.name, kernel_version=kernel.version,
-            dtype=dtype, shape=shape, triton_version=fp.triton_version or "",
-            config=best.config.to_dict(), p20_ms=best.p20_ms or best.p50_ms,
-            p50_ms=best.p50_ms, p80_ms=best.p80_ms or best.p50_ms,
-            tflops=kernel.flops(shape) / seconds / 1e12,
-            gbps=kernel.bytes(shape, dtype) / seconds / 1e9,
-            torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=run.task_id,
-            noise_margin=max(0.01, best.noise))
+        repo.record_retimed(session, run.task_id, [m.to_dict() for m in result.finalists
+                                                   if m.extra.get("measured") == "retimed"])
         session.commit()
-    return bool(written)
+    return bool(written and decision.write is best), note
+
+
+def _write_best(session: Session, run: _Run, kernel: TunableKernel, shape: dict[str, int],
+                dtype: str, fp: Any, m: Measurement, stored: StoredBest | None) -> bool:
+    _row, written = repo.write_best(
+        session, device_key=fp.key, kernel=kernel.name, kernel_version=kernel.version,
+        dtype=dtype, shape=shape, triton_version=fp.triton_version or "",
+        times=_times(kernel, shape, dtype, m), revision=stored.revision if stored else None,
+        torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=run.task_id)
+    return written
 
 
 def _finish(factory: SessionFactory, task_id: int, status: str, result: SearchResult | None,
             device_key: str | None, stored: bool, error: str | None,
-            worker_id: str | None = None) -> TaskOutcome:
+            worker_id: str | None = None, note: str | None = None) -> TaskOutcome:
     with factory() as session:
         repo.finish_task(session, task_id, status, error=error, worker_id=worker_id)
         session.commit()
     if error:
         log.warning("task %s %s: %s", task_id, status, error)
     return TaskOutcome(task_id, status, result, None if status == "lost" else device_key,
-                       stored, error)
+                       stored, error, note)
 
 
 def _lost(factory: SessionFactory, task_id: int, why: str) -> TaskOutcome:

@@ -216,6 +216,19 @@ class MatmulKernel:
     def torch_baseline(self, inputs: dict[str, Any]) -> None:
         torch.matmul(inputs["a"], inputs["b"], out=inputs["out"])
 
+    def baseline(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The same product by torch.matmul (cuBLAS) in the inputs' dtype, into the same
+        output; fp32 with TF32 allowed, as ``tl.dot`` computes it (like for like)."""
+        a, b, out = inputs["a"], inputs["b"], inputs["out"]
+        if a.dtype != torch.float32:
+            return torch.matmul(a, b, out=out)
+        allowed = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return torch.matmul(a, b, out=out)
+        finally:  # the reference (fp32, in this process) must stay exact
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+
     def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
         """The analytic cost model's log-time (tuner/strategies/cost_model.py): ranks configs
         before any is measured (median best/optimum 1.000 at 16 trials on 14 H200 tables)."""

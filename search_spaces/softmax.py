@@ -196,6 +196,10 @@ class SoftmaxKernel:
     def torch_baseline(self, inputs: dict[str, Any]) -> None:
         torch.softmax(inputs["x"], dim=-1)
 
+    def baseline(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The same rows by torch.softmax in the input's dtype."""
+        return torch.softmax(inputs["x"], dim=-1)
+
     def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
         """No model of this kernel's run time: strategies rank its configs flat."""
         return None

@@ -58,6 +58,11 @@ class TunableKernel(Protocol):
     shape whose compiled binary is the same (Triton specialises on dtypes, 16-byte alignment of
     pointers, divisibility by 16 and ==1 of integers, and constexprs, never on sizes); the
     compile pool builds its inputs with it (see ``compile_shape_for``).
+
+    Optional: ``baseline(inputs)`` does the same work with the vendor's library (torch) on the
+    same inputs, in their dtype (matmul: ``torch.matmul``); re-timing times it interleaved
+    with the finalists in the same process (``SearchResult.baseline``), a like-for-like
+    comparison. Its result is not checked.
     """
 
     name: str

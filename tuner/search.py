@@ -4,6 +4,11 @@ The loop owns what every strategy shares: the trial budget (pruned and duplicate
 nothing), warm start (known-good and previously tuned configs are tried first), resuming from
 stored trials, the time budget, early stopping and the final interleaved re-timing of the
 finalists. A config only becomes the best once its output was verified against the reference.
+
+Numbers that decide something are re-timed side by side in one process, never taken from one
+trial: the finalists are re-timed interleaved together with the stored best (the incumbent,
+so the worker replaces it only with a config measured faster under the same conditions) and the
+kernel's torch baseline; the roofline stop fires only once a re-timing confirmed the trial.
 """
 
 from __future__ import annotations
@@ -76,8 +81,10 @@ class SearchResult:
     space_size: int
     feasible_size: int
     finalists: list[Measurement] = field(default_factory=list)
-    #: ``SearchOptions.incumbent`` re-timed beside the finalists (a failure outcome when it
-    #: no longer runs or verifies); None without one, or when re-timing failed
+    #: ``SearchOptions.incumbent`` re-timed beside the finalists (``extra["measured"] ==
+    #: "retimed"``; its first timing when ``retime_rounds`` is 0; a failure outcome when it no
+    #: longer runs or verifies); None without one, without a verified finalist, or when
+    #: re-timing failed
     incumbent: Measurement | None = None
     #: the kernel's baseline (torch) re-timed beside the finalists; None when the kernel has
     #: none, the backend cannot time it (a replay table without one) or re-timing failed
@@ -116,6 +123,9 @@ class SearchLoop:
         self._feasible: list[KernelConfig] | None = None
         self._exhausted = False
         self._best_at = 0
+        #: configs whose trial reached the roofline, and their confirming re-timed p50 (None:
+        #: the re-timing failed); each is confirmed once
+        self._confirmed: dict[KernelConfig, float | None] = {}
 
     # -- proposals ---------------------------------------------------------------------------
 
@@ -202,12 +212,35 @@ class SearchLoop:
         if o.patience and self.best() and len(self.trials) - self._best_at >= o.patience:
             return "converged"
         best = self.best() if o.floor_ms and o.roofline_stop else None
-        if best is not None and best.p50_ms and (o.floor_ms or 0) / best.p50_ms >= (
-                o.roofline_stop or math.inf):
+        if best is not None and self._near_roofline(best):
             return "near roofline"
         if not self.backend.healthy:
             return "device unhealthy"
         return None
+
+    def _reaches_roofline(self, ms: float | None) -> bool:
+        o = self.options
+        return bool(ms) and (o.floor_ms or 0) / (ms or math.inf) >= (o.roofline_stop or math.inf)
+
+    def _near_roofline(self, best: Measurement) -> bool:
+        """Whether ``best`` reaches the roofline, as confirmed by a short interleaved re-timing
+        (``confirm_rounds``; 0 trusts the trial): one lucky timing must not end a search."""
+        if not self._reaches_roofline(best.p50_ms):
+            return False
+        if best.config not in self._confirmed:
+            self._confirmed[best.config] = self._confirm(best)
+        return self._reaches_roofline(self._confirmed[best.config])
+
+    def _confirm(self, trial: Measurement) -> float | None:
+        rounds = self.options.confirm_rounds
+        if rounds <= 0:
+            return trial.p50_ms
+        retimed = self.backend.retime([trial.config], rounds)
+        if not retimed or retimed[0].config != trial.config or not retimed[0].ok:
+            return None
+        log.info("roofline check: %s ran %.4g ms in its trial, %.4g ms re-timed",
+                 trial.config.key(), trial.p50_ms or 0.0, retimed[0].p50_ms or 0.0)
+        return retimed[0].p50_ms
 
     def run(self) -> SearchResult:
         """Search until a stop reason. A KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM)
@@ -222,9 +255,10 @@ class SearchLoop:
         # resumed trials was not converged when it stopped, and its improvements were judged
         # against its own noise
         self._best_at = len(self.trials)
+        incumbent = baseline = None
         try:
             reason = self._search(started)
-            finalists = self._retime_finalists()
+            finalists, incumbent, baseline = self._retime_finalists()
         except KeyboardInterrupt:
             reason = "interrupted"
             finalists = self._fastest_verified()
@@ -233,7 +267,7 @@ class SearchLoop:
             trials=self.trials, pruned=self.pruned, stop_reason=reason,
             wall_s=time.monotonic() - started, space_size=self.space.size(),
             feasible_size=len(self._feasible) if self._feasible is not None else -1,
-            finalists=finalists,
+            finalists=finalists, incumbent=incumbent, baseline=baseline,
         )
 
     def _search(self, started: float) -> str:
@@ -263,16 +297,45 @@ class SearchLoop:
         ok = sorted((m for m in self.trials if m.ok), key=lambda m: m.p50_ms or 0.0)
         return ok[: self.options.finalists]
 
-    def _retime_finalists(self) -> list[Measurement]:
+    def _incumbent_first(self) -> Measurement | None:
+        """The incumbent's measurement in this search: its trial, else one taken now (which
+        verifies it; not a trial: no budget, no ``on_trial``)."""
+        config = self.options.incumbent
+        if config is None:
+            return None
+        if config in self.tried:
+            return self.tried[config]
+        return self.backend.measure([config])[0]
+
+    def _retime_finalists(self) -> tuple[list[Measurement], Measurement | None,
+                                         Measurement | None]:
+        """The finalists re-timed interleaved with the incumbent and the baseline; with them,
+        the incumbent's and the baseline's re-timed measurements."""
         top = self._fastest_verified()
-        if len(top) <= 1 or self.options.retime_rounds <= 0:
-            return top
-        retimed = self.backend.retime([m.config for m in top], self.options.retime_rounds)
+        if not top:
+            return top, None, None
+        incumbent = self._incumbent_first()
+        o = self.options
+        configs = [m.config for m in top]
+        if incumbent is not None and incumbent.ok and incumbent.config not in configs:
+            configs.append(incumbent.config)
+        if o.retime_rounds <= 0 or (len(configs) <= 1 and not o.baseline):
+            return top, incumbent, None
+        retimed = self.backend.retime(configs, o.retime_rounds, baseline=o.baseline)
+        if [r.config for r in retimed[:len(configs)]] != configs or not all(
+                r.ok for r in retimed[:len(configs)]):  # re-timing failed: first timings
+            return top, incumbent if incumbent is not None and not incumbent.ok else None, None
+        extra = retimed[len(configs):]
+        baseline = extra[0] if extra and extra[0].extra.get("baseline") else None
         by_config = {m.config: m for m in top}
-        if {r.config for r in retimed} != set(by_config):  # re-timing failed: first timings
-            return top
-        return [replace(r, compile_s=by_config[r.config].compile_s,
-                        max_error=by_config[r.config].max_error) for r in retimed]
+        finalists = [replace(r, compile_s=by_config[r.config].compile_s,
+                             max_error=by_config[r.config].max_error)
+                     for r in retimed[:len(top)]]
+        if incumbent is not None and incumbent.ok:
+            again = retimed[configs.index(incumbent.config)]
+            incumbent = replace(again, compile_s=incumbent.compile_s,
+                                max_error=incumbent.max_error)
+        return finalists, incumbent, baseline
 
 
 def run_search(kernel: TunableKernel, shape: Mapping[str, int], dtype: str, backend: Backend,

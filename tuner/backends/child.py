@@ -8,9 +8,14 @@ parent talks to it over a Pipe; every message is a tuple whose first item names 
 
 parent -> child: ("setup", kernel_ref, shape, dtype, seed)
                  | ("measure", config, timing[, best_ms])
-                 | ("retime", configs, rounds, timing) | ("selftest",) | ("calibrate",)
+                 | ("retime", configs, rounds, timing[, baseline]) | ("selftest",)
+                 | ("calibrate"[, runs[, timing]])
 child -> parent: ("ready", fingerprint) | ("ok",) | ("compiled", seconds)
                  | ("result", measurement, sticky) | ("results", [measurement]) | ("error", text)
+                 | ("calibration", {...})
+
+Every timing follows the protocol of ``tuner/gpu_state.py`` (settled sustained state) and
+carries the GPU's state (``extra["gpu"]``) on a GPU.
 """
 
 from __future__ import annotations
@@ -24,9 +29,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
+from itertools import cycle
 from typing import Any
 
 from tuner.config import KernelConfig
+from tuner.gpu_state import GpuMonitor, GpuSample, merge_samples, monitor_for_torch_device, settle
 from tuner.measurement import Measurement, Outcome
 
 #: CUDA errors after which the context is unusable: the child must be replaced.
@@ -62,10 +71,24 @@ class ChildState:
         self.dtype = ""
         self.seed = 0
         self.counter = 0
+        #: NVML's view of this child's GPU (opened on first use; cuda only)
+        self.monitor: GpuMonitor | None = None
+        #: whether the GPU was brought to its sustained state for this task, and when it last
+        #: finished timing (monotonic seconds): an idle GPU is settled again
+        self.settled = False
+        self.last_busy = 0.0
 
     @property
     def device(self) -> str:
         return "cuda" if self.kind == "cuda" else "cpu"
+
+    def gpu_sample(self) -> GpuSample | None:
+        """The GPU's state now; None on the interpreter (no GPU state at all)."""
+        if self.kind != "cuda":
+            return None
+        if self.monitor is None:
+            self.monitor = monitor_for_torch_device(0)
+        return self.monitor.sample()
 
     def sync(self) -> None:
         if self.kind == "cuda":
@@ -126,7 +149,12 @@ def _compare(state: ChildState, got: Any, ref: Any, label: str) -> str | float:
 def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],
           timing: Any, best_ms: float | None = None) -> tuple[float, float, float, bool]:
     """p20/p50/p80 in ms, and whether only the quick timing was done (adaptive timing)."""
-    fn = lambda: state.kernel.launch(config, inputs)  # noqa: E731
+    return _time_fn(state, lambda: state.kernel.launch(config, inputs), timing, best_ms)
+
+
+def _time_fn(state: ChildState, fn: Callable[[], Any], timing: Any,
+             best_ms: float | None = None) -> tuple[float, float, float, bool]:
+    """``_time`` of any callable (a config's launch, the kernel's baseline)."""
     if state.kind == "cuda":
         import triton.testing
 
@@ -158,9 +186,44 @@ def _compile(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) ->
         compile_fn(config, inputs)
 
 
+def settle_due(state: ChildState, timing: Any, now: float | None = None) -> bool:
+    """Whether the GPU must be brought to its sustained state before the next timing: on a
+    GPU, with settling on, before the task's first timing and after ``resettle_idle_s`` idle."""
+    if state.kind != "cuda" or not float(getattr(timing, "settle_max_ms", 0.0) or 0.0):
+        return False
+    idle_s = float(getattr(timing, "resettle_idle_s", 0.0) or 0.0)
+    now = time.monotonic() if now is None else now
+    return not state.settled or (idle_s > 0 and now - state.last_busy > idle_s)
+
+
+def _settle(state: ChildState, load: Callable[[], Any], timing: Any) -> dict[str, Any]:
+    """Run ``load`` until the GPU's clock settles (tuner/gpu_state.py); what was done."""
+    if state.monitor is None:
+        state.monitor = monitor_for_torch_device(0)
+    done = settle(load, state.sync, state.monitor, timing)
+    state.settled, state.last_busy = True, time.monotonic()
+    return done
+
+
+def _timed_extra(state: ChildState, before: GpuSample | None,
+                 settled: dict[str, Any] | None) -> dict[str, Any]:
+    """The GPU state after (and before) a timing, and the settling that preceded it."""
+    after = state.gpu_sample()
+    state.last_busy = time.monotonic()
+    extra: dict[str, Any] = {}
+    if after is not None:
+        extra["gpu"] = after
+    if before is not None:
+        extra["gpu_before"] = before
+    if settled is not None:
+        extra["settle"] = settled
+    return extra
+
+
 def measure_one(state: ChildState, config: KernelConfig, timing: Any,
                 send: Any, best_ms: float | None = None) -> tuple[Measurement, bool]:
-    """Compile, verify and time one config. Returns the measurement and whether it was sticky."""
+    """Compile, verify and time one config. Returns the measurement and whether it was sticky.
+    The GPU is settled first when due (``settle_due``), with this config as the load."""
     state.counter += 1
     t0 = time.perf_counter()
     try:
@@ -176,16 +239,24 @@ def measure_one(state: ChildState, config: KernelConfig, timing: Any,
         if wrong:
             return Measurement(config, Outcome.WRONG_RESULT, error=wrong,
                                compile_s=compile_s), False
+        settled = None
+        if settle_due(state, timing):
+            settled = _settle(state, lambda: state.kernel.launch(config, inputs), timing)
+        before = state.gpu_sample()
         p20, p50, p80, quick = _time(state, config, inputs, timing, best_ms)
+        extra = _timed_extra(state, before, settled)
     except Exception as exc:  # noqa: BLE001
         m = _failure(config, exc, compile_s)
         return m, is_sticky(m.error or "")
     if not all(math.isfinite(v) and v > 0 for v in (p20, p50, p80)):
         return Measurement(config, Outcome.CRASH, error=f"timer returned {p20, p50, p80}",
                            compile_s=compile_s), False
+    extra["measured"] = "trial"
+    if quick:
+        extra["quick"] = True
     return Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
                        compile_s=compile_s, max_error=inputs.get("_max_error"),
-                       extra={"quick": True} if quick else {}), False
+                       extra=extra), False
 
 
 def _failure(config: KernelConfig, exc: BaseException, compile_s: float | None = None
@@ -194,22 +265,71 @@ def _failure(config: KernelConfig, exc: BaseException, compile_s: float | None =
     return Measurement(config, classify_exception(exc), error=text[-4000:], compile_s=compile_s)
 
 
+#: what a re-timed baseline is called in ``extra["baseline"]``
+BASELINE_LABEL = "torch"
+
+
+def _baseline_fn(state: ChildState, inputs: dict[str, Any]) -> Callable[[], Any] | None:
+    """The kernel's ``baseline(inputs)`` hook as a callable, if it has one that runs here (it
+    is tried once: a baseline that fails is left out rather than failing the re-timing)."""
+    hook = getattr(state.kernel, "baseline", None)
+    if not callable(hook):
+        return None
+    try:
+        hook(inputs)
+        state.sync()
+    except Exception as exc:  # noqa: BLE001 - no baseline, the finalists are still re-timed
+        if is_sticky(str(exc)):
+            raise
+        return None
+    return lambda: hook(inputs)
+
+
 def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
-           timing: Any) -> list[Measurement]:
-    """Interleave: every round times every config once, so drift hits all of them alike."""
+           timing: Any, baseline: bool = False) -> list[Measurement]:
+    """Interleave: every round times every config once (and then the kernel's baseline, with
+    ``baseline``), so drift hits all of them alike. The GPU is settled first, with all of them
+    in turn as the load. One measurement per config, in order, then the baseline's
+    (``KernelConfig({})``, ``extra["baseline"]``) when asked for and the kernel has one."""
     inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
-    medians: dict[KernelConfig, list[float]] = {c: [] for c in configs}
+    entries: list[tuple[KernelConfig, Callable[[], Any], dict[str, Any]]] = [
+        (c, partial(state.kernel.launch, c, inputs), {}) for c in configs]
+    base = _baseline_fn(state, inputs) if baseline else None
+    if base is not None:
+        entries.append((KernelConfig({}), base, {"baseline": BASELINE_LABEL}))
+    settled = None
+    if state.kind == "cuda" and float(getattr(timing, "settle_max_ms", 0.0) or 0.0):
+        turn = cycle([fn for _, fn, _ in entries])
+        settled = _settle(state, lambda: next(turn)(), timing)
+    medians: list[list[float]] = [[] for _ in entries]
+    gpu: list[list[GpuSample]] = [[] for _ in entries]
     for _ in range(rounds):
-        for config in configs:
-            medians[config].append(_time(state, config, inputs, timing)[1])
+        for i, (_config, fn, _extra) in enumerate(entries):
+            medians[i].append(_time_fn(state, fn, timing)[1])
+            sample = state.gpu_sample()
+            if sample is not None:
+                gpu[i].append(sample)
+    state.last_busy = time.monotonic()
     out = []
-    for config, values in medians.items():
-        values.sort()
-        q = statistics.quantiles(values, n=5, method="inclusive") if len(values) > 1 else values
-        p20, p80 = (q[0], q[-1]) if len(values) > 1 else (values[0], values[0])
-        out.append(Measurement(config, Outcome.OK, p20_ms=p20,
-                               p50_ms=statistics.median(values), p80_ms=p80))
+    for (config, _fn, extra), values, samples in zip(entries, medians, gpu, strict=True):
+        extra = {**extra, "measured": "retimed", "rounds": len(values)}
+        if samples:
+            extra["gpu"] = merge_samples(samples)
+        if settled is not None:
+            extra["settle"] = settled
+        p20, p50, p80 = _quantiles(values)
+        out.append(Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
+                               extra=extra))
     return out
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    """p20, p50 and p80 of per-round medians."""
+    values = sorted(values)
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=5, method="inclusive")
+    return q[0], statistics.median(values), q[-1]
 
 
 def selftest(state: ChildState) -> None:
@@ -222,22 +342,65 @@ def selftest(state: ChildState) -> None:
         raise RuntimeError(f"self-test computed {y}, expected {1024 * 1025 / 2}")
 
 
-def calibrate(state: ChildState) -> dict[str, float | None]:
-    """The device's copy bandwidth (GB/s, read + write) and bf16 matmul peak (TFLOP/s)."""
+#: calibration runs: each ceiling is the median of this many, with its spread
+CALIBRATION_RUNS = 5
+#: the vendor GEMMs (M, N, K) the matmul ceiling is the best median of, in each 16-bit dtype
+CALIBRATION_GEMMS = ((8192, 8192, 8192), (16384, 16384, 16384), (8192, 8192, 16384))
+CALIBRATION_DTYPES = ("bfloat16", "float16")
+
+
+def median_spread(samples: list[float]) -> tuple[float, float]:
+    """The median of repeated runs and their spread, (max - min) / median."""
+    if not samples:
+        raise ValueError("no samples")
+    mid = statistics.median(samples)
+    return mid, (max(samples) - min(samples)) / mid if mid else 0.0
+
+
+def best_median(samples: dict[Any, list[float]]) -> tuple[float, float]:
+    """The highest median among several candidates' runs (the fastest vendor GEMM), with the
+    spread of that candidate's runs."""
+    return max(median_spread(runs) for runs in samples.values() if runs)
+
+
+def calibrate(state: ChildState, runs: int = CALIBRATION_RUNS,
+              timing: Any = None) -> dict[str, float | None]:
+    """The device's copy bandwidth (GB/s, read + write) and matmul ceiling (TFLOP/s): each the
+    median of ``runs`` runs with its spread ((max - min) / median), taken in the settled
+    sustained state. The ceiling is the best median of torch.matmul (cuBLAS) over a few large
+    bf16 and fp16 GEMMs, so a kernel is never measured against less than the vendor reaches."""
     if state.kind != "cuda":
-        return {"copy_gbps": None, "matmul_tflops": None}
+        return {"copy_gbps": None, "copy_gbps_spread": None, "matmul_tflops": None,
+                "matmul_tflops_spread": None, "runs": 0}
     import torch
     import triton.testing
 
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    from tuner.backends.base import TimingOptions
+
+    runs = max(1, int(runs))
+    gemms: dict[Any, Callable[[], Any]] = {}
+    for dtype in CALIBRATION_DTYPES:
+        for m, n, k in CALIBRATION_GEMMS:
+            a = torch.randn(m, k, device="cuda", dtype=getattr(torch, dtype))
+            b = torch.randn(k, n, device="cuda", dtype=getattr(torch, dtype))
+            gemms[(dtype, m, n, k)] = partial(torch.matmul, a, b)
+    first = next(iter(gemms.values()))
+    _settle(state, first, timing if timing is not None else TimingOptions())
+    size = 1 << 30
+    src = torch.empty(size, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
-    copy_gbps = 2 * n / (ms * 1e-3) / 1e9
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200)
-    return {"copy_gbps": copy_gbps, "matmul_tflops": 2 * 8192**3 / (ms * 1e-3) / 1e12}
+    copy = [2 * size / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
+                        * 1e-3) / 1e9 for _ in range(runs)]
+    tflops: dict[Any, list[float]] = {key: [] for key in gemms}
+    for _ in range(runs):  # interleaved: drift hits every GEMM alike
+        for (dtype, m, n, k), fn in gemms.items():
+            ms = triton.testing.do_bench(fn, warmup=25, rep=200)
+            tflops[(dtype, m, n, k)].append(2 * m * n * k / (ms * 1e-3) / 1e12)
+    state.last_busy = time.monotonic()
+    copy_gbps, copy_spread = median_spread(copy)
+    peak, peak_spread = best_median(tflops)
+    return {"copy_gbps": copy_gbps, "copy_gbps_spread": copy_spread, "matmul_tflops": peak,
+            "matmul_tflops_spread": peak_spread, "runs": runs}
 
 
 #: prctl(2) option: the signal this process gets when its parent dies
@@ -323,12 +486,13 @@ def _serve(conn: Any, state: ChildState) -> None:
                 m, sticky = measure_one(state, msg[1], msg[2], conn.send, best_ms)
                 conn.send(("result", m, sticky))
             elif op == "retime":
-                conn.send(("results", retime(state, msg[1], msg[2], msg[3])))
+                baseline = bool(msg[4]) if len(msg) > 4 else False
+                conn.send(("results", retime(state, msg[1], msg[2], msg[3], baseline)))
             elif op == "selftest":
                 selftest(state)
                 conn.send(("ok",))
             elif op == "calibrate":
-                conn.send(("calibration", calibrate(state)))
+                conn.send(("calibration", calibrate(state, *msg[1:3])))
             elif op == "exit":
                 return
         except Exception as exc:  # noqa: BLE001
@@ -341,6 +505,7 @@ def _setup(state: ChildState, kernel_ref: str, shape: dict[str, int], dtype: str
 
     state.kernel = load_ref(kernel_ref)
     state.shape, state.dtype, state.seed, state.counter = dict(shape), dtype, seed, 0
+    state.settled = False  # a new task: settled again with its own load
     if state.kind == "cuda":
         _check_inputs_fit(state)
 

@@ -4,7 +4,9 @@ The parent never initialises CUDA. It sends one config at a time to the child an
 deadline: the compile phase gets ``compile_timeout_s``, verification and timing ``run_timeout_s``.
 A child that dies, hangs or reports a sticky CUDA error is killed with its whole process group
 (the compiler subprocesses it started included), a fresh one is started and checked with a small
-known-good computation, and the config is recorded as ``crash`` or ``timeout``.
+known-good computation, and the config is recorded as ``crash`` or ``timeout``. The run phase's
+deadline also allows for the child settling the GPU first (``TimingOptions.settle_max_ms``,
+tuner/gpu_state.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from tuner.backends.base import MeasuredCallback, TimingOptions
-from tuner.backends.child import child_main, is_sticky
+from tuner.backends.child import CALIBRATION_RUNS, child_main, is_sticky
 from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
@@ -152,6 +154,11 @@ class ProcessBackend:
     def healthy(self) -> bool:
         return self.consecutive_deaths < self.timing.max_consecutive_deaths
 
+    @property
+    def _settle_s(self) -> float:
+        """The longest the child may spend settling the GPU before a timing (cuda only)."""
+        return self.timing.settle_max_ms / 1e3 if self.kind == "cuda" else 0.0
+
     def _start(self) -> ChildProcess:
         child = ChildProcess(self.kind, self.device_index, self.timing.start_timeout_s)
         if child.process.pid is not None:
@@ -197,6 +204,8 @@ class ProcessBackend:
         results: dict[KernelConfig, Measurement] = {}
 
         def done(m: Measurement) -> None:
+            if m.extra.get("measured") != "trial":  # failures made here, and older children
+                m = replace(m, extra={**m.extra, "measured": "trial"})
             results[m.config] = m
             if on_result is not None:
                 on_result(m)
@@ -231,7 +240,7 @@ class ProcessBackend:
             reply = self._child.receive(self.timing.compile_timeout_s)
             if reply[0] == "compiled":
                 phase, compile_s = "run", reply[1]
-                reply = self._child.receive(self.timing.run_timeout_s)
+                reply = self._child.receive(self.timing.run_timeout_s + self._settle_s)
         except _Timeout as exc:
             self.consecutive_deaths += 1
             self._restart(f"{config.key()} hung in its {phase} phase")
@@ -256,15 +265,18 @@ class ProcessBackend:
             self.best_ms = measurement.p50_ms
         return measurement
 
-    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
-        """Re-time configs that already ran; [] (the caller keeps its first timings) if that
-        fails, after replacing the child."""
+    def retime(self, configs: Sequence[KernelConfig], rounds: int,
+               baseline: bool = False) -> list[Measurement]:
+        """Re-time configs that already ran, interleaved in the child, and with ``baseline``
+        the kernel's baseline beside them (appended last, when the kernel has one); [] (the
+        caller keeps its first timings) if that fails, after replacing the child."""
         if not configs:
             return []
-        limit = self.timing.run_timeout_s * max(1, len(configs)) * max(1, rounds) / 4
+        entries = len(configs) + (1 if baseline else 0)
+        limit = self.timing.run_timeout_s * entries * max(1, rounds) / 4
         try:
-            self._child.send(("retime", list(configs), rounds, self.timing))
-            reply = self._child.receive(max(limit, self.timing.run_timeout_s))
+            self._child.send(("retime", list(configs), rounds, self.timing, baseline))
+            reply = self._child.receive(max(limit, self.timing.run_timeout_s) + self._settle_s)
         except (_Timeout, _Died) as exc:
             reply = ("error", str(exc))
         if reply[0] != "results":
@@ -273,12 +285,14 @@ class ProcessBackend:
             return []
         return list(reply[1])
 
-    def calibrate(self) -> dict[str, float | None]:
-        """The device's copy bandwidth (GB/s) and bf16 matmul peak (TFLOP/s); None where the
-        kind cannot tell (the interpreter), {} where calibrating failed."""
+    def calibrate(self, runs: int | None = None) -> dict[str, float | None]:
+        """The device's copy bandwidth (GB/s) and matmul ceiling (TFLOP/s), each the median
+        of ``runs`` runs (the child's default: 5) with its spread (``copy_gbps_spread``,
+        ``matmul_tflops_spread``: (max - min) / median) and ``runs``; None where the kind
+        cannot tell (the interpreter), {} where calibrating failed."""
         try:
-            self._child.send(("calibrate",))
-            reply = self._child.receive(max(300.0, self.timing.run_timeout_s))
+            self._child.send(("calibrate", runs or CALIBRATION_RUNS, self.timing))
+            reply = self._child.receive(max(600.0, self.timing.run_timeout_s) + self._settle_s)
         except (_Timeout, _Died) as exc:
             self._restart(f"calibration failed: {exc}")
             return {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +106,26 @@ class ReplayBackend:
                 on_result: MeasuredCallback | None = None) -> list[Measurement]:
         by_config: dict[KernelConfig, Measurement] = {}
         for config in dict.fromkeys(configs):
-            by_config[config] = self._one(config)
+            by_config[config] = self._marked(self._one(config), "trial")
             if on_result is not None:
                 on_result(by_config[config])
         return [by_config[c] for c in configs]
 
-    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Measurement]:
-        return [self._one(c) for c in configs]
+    def retime(self, configs: Sequence[KernelConfig], rounds: int,
+               baseline: bool = False) -> list[Measurement]:
+        """The recorded times again; with ``baseline``, the table's recorded baseline time
+        (its first ``reference_ms``) is appended when it holds one."""
+        out = [self._marked(self._one(c), "retimed") for c in configs]
+        if baseline and self.table.reference_ms:
+            label, ms = next(iter(self.table.reference_ms.items()))
+            out.append(Measurement(KernelConfig({}), Outcome.OK, p20_ms=ms, p50_ms=ms,
+                                   p80_ms=ms, extra={"baseline": "torch", "label": label,
+                                                     "measured": "retimed"}))
+        return out
+
+    @staticmethod
+    def _marked(m: Measurement, measured: str) -> Measurement:
+        return replace(m, extra={**m.extra, "measured": measured})
 
     def close(self) -> None:
         pass

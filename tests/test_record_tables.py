@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import triton
+import triton.language as tl
 
+import tuner
 from bench.record_tables import (
     device_tag,
     main,
@@ -49,6 +53,93 @@ class SmallSoftmax:
 
     def torch_baseline(self, inputs: dict[str, Any]) -> None:
         SOFTMAX.torch_baseline(inputs)
+
+
+
+@triton.jit
+def _double_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def _wide_blocks(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    if config["BLOCK"] > 256:
+        return f"BLOCK={config['BLOCK']} is over 256 (wrong: it prunes the optimum)"
+    return None
+
+
+def _double_inputs(shape: Mapping[str, int], dtype: str, device: str,
+                   seed: int) -> dict[str, Any]:
+    x = torch.randn(shape["N"], generator=torch.Generator().manual_seed(seed))
+    return {"x_ptr": x, "out_ptr": torch.empty_like(x), "N": shape["N"]}
+
+
+#: out = 2 * x with a constraint that wrongly prunes the fastest configs: on the interpreter a
+#: program's cost dominates, so the widest block (fewest programs) is the fastest, and the
+#: constraint prunes the two widest
+WRONGLY_PRUNED = tuner.Kernel(
+    _double_kernel, name="wrongly_pruned", grid=lambda meta: (triton.cdiv(meta["N"],
+                                                                          meta["BLOCK"]),),
+    make_inputs=_double_inputs, dims={"N": (1, 1 << 20)}, dtypes=("float32",),
+    space={"BLOCK": [32, 64, 128, 256, 512, 1024], "num_warps": [1], "num_stages": [1]},
+    constraints=[_wide_blocks], reference=lambda args: 2 * args["x_ptr"],
+    outputs=["out_ptr"])
+WRONGLY_PRUNED.ref = "tests.test_record_tables:WRONGLY_PRUNED"
+
+
+@pytest.fixture
+def wrongly_pruned_registered(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """WRONGLY_PRUNED registered as a plugin, as search_quality loads a table's kernel."""
+    from search_spaces import reload
+
+    monkeypatch.setenv("TUNER_KERNELS", WRONGLY_PRUNED.ref)
+    reload()
+    yield WRONGLY_PRUNED
+    monkeypatch.delenv("TUNER_KERNELS")
+    reload()
+
+
+def test_a_constraint_that_prunes_the_optimum_is_caught(tmp_path: Path,
+                                                         wrongly_pruned_registered: Any):
+    """The table holds the pruned configs (with the constraint's reason) and search_quality
+    scores every search against the whole space's optimum: no search can reach it, and the
+    report says which constraint pruned it. A table of the feasible configs only would have
+    scored 1.000 and hidden the wrong constraint."""
+    from bench.search_quality import main as quality
+
+    kernel = wrongly_pruned_registered
+    shape = {"N": 8192}
+    table, name, _summary = record_shape(kernel, shape, "float32", TimingOptions(), 120.0,
+                                         backend_kind="interpret", log=lambda line: None)
+    results = {r["config"]["BLOCK"]: r for r in table["results"]}
+    assert sorted(results) == [32, 64, 128, 256, 512, 1024]
+    assert all("ms" in r for r in results.values())
+    for block in (512, 1024):
+        assert results[block]["constraint"] == (
+            f"BLOCK={block} is over 256 (wrong: it prunes the optimum)")
+    assert not any("constraint" in results[b] for b in (32, 64, 128, 256))
+    optimum = min(results.values(), key=lambda r: r["ms"])
+    assert optimum["config"]["BLOCK"] == 1024, {b: r["ms"] for b, r in results.items()}
+    kept = min(results[b]["ms"] for b in (32, 64, 128, 256)) / optimum["ms"]
+    assert kept > 1.5
+    path = tmp_path / name
+    path.write_text(json.dumps(table))
+    out = tmp_path / "quality.md"
+    assert quality(["--kernel", "wrongly_pruned", "--strategies", "tpe,random", "--seeds",
+                    "2", "--budgets", "2,4", "--cold-only", "--jobs", "1", "--tables-dir", "",
+                    "--out", str(out), str(path)]) == 0
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith(f"| {path.stem} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == "yes" and float(cells[6]) == pytest.approx(optimum["ms"], abs=1e-4)
+    assert cells[7] == (f"{kept:.3f} (optimum pruned: BLOCK=1024 is over 256 (wrong: it "
+                        "prunes the optimum))")
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()
+            if line.startswith("| ") and " | 1x" in line}
+    assert set(rows) == {"tpe", "random"}
+    for cells in rows.values():  # median and worst at 2 and 4 trials: never the optimum
+        assert all(float(cells[i]) >= kept - 1e-3 for i in (2, 3, 5, 6)), cells
 
 
 def test_the_whole_space_is_recorded_pruned_configs_included():

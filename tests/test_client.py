@@ -61,6 +61,35 @@ class CountingTransport(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
+class BusyFirst(CountingTransport):
+    """The real service, except that its first ``busy`` answers are the 503 it gives while its
+    database is locked (a SQLite writer holding the lock past the busy timeout)."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.busy = busy
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.busy > 0:
+            self.busy -= 1
+            self.paths.append(request.url.path)
+            return httpx.Response(503, headers={"Retry-After": "0"}, json={"detail": [
+                {"loc": ["database"], "msg": "the database is unavailable or busy; retry "
+                 "shortly", "type": "database_unavailable"}]})
+        return super().handle_request(request)
+
+
+def test_job_requests_are_retried_when_the_service_is_busy(service):
+    transport = BusyFirst(busy=2)
+    client = TunerClient(service.url, transport=transport)
+    job_id = client.submit("matmul", [SHAPE], "float16", trials=2)
+    assert transport.paths == ["/api/v1/jobs"] * 3
+    assert client.job(job_id)["status"] == "queued"
+    stubborn = TunerClient(service.url, transport=BusyFirst(busy=10))
+    with pytest.raises(TunerClientError, match="503"):
+        stubborn.submit("matmul", [SHAPE], "float16", trials=2)
+
+
 def default(shape: dict[str, int]) -> KernelConfig:
     return get_kernel("matmul").default_config(shape, "float16")
 

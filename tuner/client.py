@@ -43,6 +43,19 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 AUTO = "auto"
 
 
+#: how many times a job request answered 503 is sent again (``TunerClient._request``)
+JOB_REQUEST_RETRIES = 3
+#: the longest wait between those retries, whatever ``Retry-After`` says
+RETRY_AFTER_MAX_S = 5.0
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(RETRY_AFTER_MAX_S, max(0.0, float(response.headers.get("retry-after", 1))))
+    except ValueError:  # an HTTP date: not worth parsing for a wait this short
+        return 1.0
+
+
 class TunerClientError(Exception):
     """The service refused a request or could not be reached (submit, job, wait)."""
 
@@ -305,12 +318,21 @@ class TunerClient:
     # -- jobs (raise TunerClientError) ---------------------------------------------------------
 
     def _request(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        """One job request. A 503 (the service's database busy or briefly away) is retried
+        after the ``Retry-After`` the service gives (at most ``RETRY_AFTER_MAX_S``), up to
+        ``JOB_REQUEST_RETRIES`` times: every job request is safe to repeat (a repeated
+        submission is answered with the job the first one created)."""
         if self.base_url is None:
             raise TunerClientError("this client has no service URL (base_url=None)")
-        try:
-            response = self._http.request(method, url, **kwargs)
-        except httpx.HTTPError as exc:
-            raise TunerClientError(f"{method} {url}: {exc}") from exc
+        for attempt in range(JOB_REQUEST_RETRIES + 1):
+            try:
+                response = self._http.request(method, url, **kwargs)
+            except httpx.HTTPError as exc:
+                raise TunerClientError(f"{method} {url}: {exc}") from exc
+            if response.status_code != 503 or attempt == JOB_REQUEST_RETRIES:
+                break
+            log.info("%s %s: 503 (%s); retrying", method, url, response.text[:200])
+            time.sleep(_retry_after(response))
         if response.status_code >= 400:
             raise TunerClientError(f"{method} {url}: {response.status_code} {response.text}")
         try:

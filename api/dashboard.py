@@ -37,8 +37,11 @@ from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
 from db import repo
-from db.models import ACTIVE, BestConfig, Job, Task, Trial
+from db.models import ACTIVE, BestConfig, Device, Job, Task, Trial
 from search_spaces import get_kernel, kernel_names
+from tuner.gpu_state import throttle_reasons
+from tuner.kernel import TunableKernel
+from tuner.roofline import roofline
 from tuner.settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -238,6 +241,9 @@ def job_charts(job_id: str, session: SessionDep) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class TrialRow:
+    """A trial as the job page shows it: its own timing (``p*_ms``), a finalist's re-timing
+    (``retimed_*``) and the GPU's state as it was timed."""
+
     number: int
     config: dict[str, int]
     outcome: str
@@ -245,13 +251,37 @@ class TrialRow:
     p50_ms: float | None
     p80_ms: float | None
     error: str | None
+    retimed_p20_ms: float | None = None
+    retimed_p50_ms: float | None = None
+    retimed_p80_ms: float | None = None
+    sm_mhz: int | None = None
+    mem_mhz: int | None = None
+    power_w: float | None = None
+    temp_c: int | None = None
+    throttle: int | None = None
+
+    @property
+    def gpu_text(self) -> str:
+        """The GPU state in a cell: "1755/2619 MHz 512 W 61 C sw_power_cap"; "-" without."""
+        parts = []
+        if self.sm_mhz is not None:
+            parts.append(f"{self.sm_mhz}/{self.mem_mhz if self.mem_mhz is not None else '-'} "
+                         "MHz")
+        if self.power_w is not None:
+            parts.append(f"{self.power_w:.0f} W")
+        if self.temp_c is not None:
+            parts.append(f"{self.temp_c} C")
+        parts += throttle_reasons(self.throttle)
+        return " ".join(parts) or "-"
 
 
 def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
     # columns, not ORM objects: a job page may hold thousands of trials
     rows = session.execute(
         select(Trial.task_id, Trial.number, Trial.config, Trial.outcome, Trial.p20_ms,
-               Trial.p50_ms, Trial.p80_ms, Trial.error)
+               Trial.p50_ms, Trial.p80_ms, Trial.error, Trial.retimed_p20_ms,
+               Trial.retimed_p50_ms, Trial.retimed_p80_ms, Trial.sm_mhz, Trial.mem_mhz,
+               Trial.power_w, Trial.temp_c, Trial.throttle)
         .where(Trial.task_id.in_([t.id for t in job.tasks]))
         .order_by(Trial.task_id, Trial.number))
     by_task: dict[int, list[TrialRow]] = defaultdict(list)
@@ -266,7 +296,13 @@ def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
 
 def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dict[str, Any]:
     """Everything the job page draws for one shape, as compact arrays: each trial's config is
-    a row of values in ``names`` order (the page's script writes the hover text)."""
+    a row of values in ``names`` order (the page's script writes the hover text).
+
+    Every number says which measurement it is: the best-so-far curve is of the trials' own
+    timings; ``final`` is the task's best (its re-timed p50 once the finalists were re-timed,
+    drawn as its own point); the fastest-configs table (``top``) shows each trial's own
+    timing and, for the finalists, their re-timed p50 in its own column, so the headline best
+    is found in the table as the re-timed time of its config."""
     if not names:
         names = sorted({k for t in trials for k in t.config})
     ok = [t for t in trials if t.outcome == "ok" and t.p50_ms is not None]
@@ -287,19 +323,40 @@ def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dic
             errors[i] = t.error[:120]
     failures = [t for t in trials if t.outcome not in ("ok", "pruned")]
     fastest = sorted(ok, key=lambda t: t.p50_ms or 0.0)
+    top = fastest[:10]
+    # the finalists (re-timed) are listed even where their trial time is not among the ten
+    top += [t for t in fastest[10:] if t.retimed_p50_ms is not None]
     return {
         "task": task, "count": len(trials), "ok": len(ok),
         "outcomes": dict(Counter(t.outcome for t in trials)),
         "failures": failures[:MAX_FAILURES_LISTED], "failures_total": len(failures),
-        "top": fastest[:10],
+        "top": top, "best": best_summary(task),
         "data": {
             "id": task.id, "numbers": [t.number for t in trials], "best": best_so_far,
+            "final": ({"ms": _sig(task.best_ms), "measured": task.best_measured,
+                       "x": trials[-1].number if trials else 0}
+                      if task.best_ms is not None else None),
             "outcomes": by_outcome, "colours": OUTCOME_COLOURS, "names": names,
             "configs": [[t.config.get(n) for n in names] for t in trials], "errors": errors,
             "importance": importance(ok, names),
             "parcoords": parcoords(fastest[:MAX_PARCOORDS], names),
         },
     }
+
+
+def best_summary(task: Task) -> dict[str, Any]:
+    """The task's headline: its best time and which measurement it is, the baseline's ratio
+    (only from the baseline timed interleaved with the finalists in the same process), the
+    stored best's re-timed time and what became of it."""
+    measured = {"retimed": "re-timed beside the other finalists",
+                "trial": "its trial timing: not re-timed"}.get(task.best_measured or "",
+                                                               "as stored")
+    ratio = task.vs_baseline
+    return {"ms": task.best_ms, "measured": task.best_measured, "measured_text": measured,
+            "vs_baseline": ratio, "baseline_name": task.baseline_name,
+            "baseline_ms": task.baseline_ms,
+            "vs_text": f"{ratio:.2f}x vs {task.baseline_name}" if ratio else None,
+            "incumbent_ms": task.incumbent_ms, "note": task.best_note}
 
 
 def _config_short(config: Mapping[str, int]) -> str:
@@ -404,26 +461,43 @@ def roofline_page(request: Request, session: SessionDep,
     for d in devices:
         if device and d.key != device:
             continue
-        points = []
-        for r in repo.list_best(session, device_key=d.key):
-            if not r.tflops or not r.gbps:
-                continue
-            intensity = r.tflops * 1e12 / (r.gbps * 1e9)  # FLOP per byte
-            roof = None
-            if d.matmul_tflops and d.copy_gbps:
-                roof = min(d.matmul_tflops, d.copy_gbps * 1e9 * intensity / 1e12)
-            points.append({"kernel": r.kernel, "dtype": r.dtype, "shape": shape_text(r.shape),
-                           "intensity": round(intensity, 3), "tflops": round(r.tflops, 3),
-                           "gbps": round(r.gbps, 1), "ms": r.p50_ms,
-                           "roof": round(roof, 3) if roof else None,
-                           "of_roof": round(r.tflops / roof, 3) if roof else None,
-                           "bound": None if roof is None else (
-                               "compute" if roof >= (d.matmul_tflops or 0) else "memory"),
-                           "config": _config_short(r.config)})
+        points = [p for r in repo.list_best(session, device_key=d.key)
+                  if (p := roofline_point(r, d)) is not None]
         panels.append({"device": d, "points": points,
                        "ceilings": {"tflops": d.matmul_tflops, "gbps": d.copy_gbps}})
     return _page(request, "roofline.html", title="Roofline", panels=panels,
                  device=device or "", devices=devices)
+
+
+def roofline_point(r: BestConfig, d: Device) -> dict[str, Any] | None:
+    """A stored best on the roofline page: its intensity and achieved TFLOP/s, and its floor
+    from ``tuner.roofline`` (the worker's early stop uses the same one): "of roof" is floor /
+    achieved time. None when it has no TFLOP/s or GB/s to place it by."""
+    if not r.tflops or not r.gbps:
+        return None
+    roof = None
+    if (kernel := _registered(r.kernel)) is not None:
+        roof = roofline(kernel, r.shape, r.dtype, d.copy_gbps, d.matmul_tflops)
+    roof_tflops = roof.roof_tflops if roof is not None else None
+    of_roof = roof.of_roof(r.p50_ms) if roof is not None else None
+    return {"kernel": r.kernel, "dtype": r.dtype, "shape": shape_text(r.shape),
+            "intensity": round(r.tflops * 1e12 / (r.gbps * 1e9), 3),  # FLOP per byte
+            "tflops": round(r.tflops, 3), "gbps": round(r.gbps, 1), "ms": r.p50_ms,
+            "measured": r.measured,
+            "floor_ms": _sig(roof.floor_ms) if roof is not None else None,
+            "roof": round(roof_tflops, 3) if roof_tflops else None,
+            "of_roof": round(of_roof, 3) if of_roof else None,
+            "bound": roof.bound if roof is not None else None,
+            # float32 and other dtypes without a calibrated peak: the bandwidth limit alone
+            "compute_applies": roof is not None and roof.compute_ms is not None,
+            "config": _config_short(r.config)}
+
+
+def _registered(name: str) -> TunableKernel | None:
+    try:
+        return get_kernel(name)
+    except Exception:  # noqa: BLE001 - a kernel no longer registered has no known floor
+        return None
 
 
 async def _form_field(request: Request, name: str) -> str:

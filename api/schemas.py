@@ -57,14 +57,31 @@ class JobCreated(BaseModel):
     answered_from_store: int = 0
 
 
+#: which measurement a time is (``db.models.MEASURED``)
+Measured = Literal["trial", "retimed"]
+
+
 class TaskPublic(BaseModel):
+    """One shape of a job. ``best_ms`` is the best config's re-timed p50 once the finalists
+    were re-timed side by side (``best_measured`` ``retimed``), a trial's own p50 before
+    (``trial``). ``vs_baseline``: how many times faster than ``baseline_name`` (torch) the best
+    is, ONLY from the baseline timed interleaved with the finalists in the same process
+    (``baseline_ms``); None otherwise. ``incumbent_ms``: the stored best re-timed beside the
+    finalists; ``best_note``: what became of the stored best."""
+
     id: int
     shape: dict[str, int]
     status: str
     trials_done: int
     budget_trials: int
     best_ms: float | None
+    best_measured: Measured | None = None
     best_config: dict[str, int] | None
+    baseline_ms: float | None = None
+    baseline_name: str | None = None
+    vs_baseline: float | None = None
+    incumbent_ms: float | None = None
+    best_note: str | None = None
     outcome_counts: dict[str, int]
     device: str | None
     attempts: int
@@ -96,7 +113,24 @@ class JobsPublic(BaseModel):
     count: int
 
 
+class GpuStatePublic(BaseModel):
+    """The GPU's state sampled right after a trial's timing (NVML; a field None where the
+    driver does not report it). ``throttle``: NVML's clock throttle reasons bitmask,
+    ``throttle_reasons`` its names ([]: not throttled)."""
+
+    sm_mhz: int | None
+    mem_mhz: int | None
+    power_w: float | None
+    temp_c: int | None
+    throttle: int | None
+    throttle_reasons: list[str]
+
+
 class TrialPublic(BaseModel):
+    """One trial: ``p20_ms``/``p50_ms``/``p80_ms`` are its own timing; a finalist's re-timing
+    beside the other finalists at the end of the search is ``retimed_*`` (None for the other
+    trials); ``gpu``: the GPU's state as it was timed (None on the interpreter)."""
+
     task_id: int
     number: int
     config: dict[str, int]
@@ -104,6 +138,10 @@ class TrialPublic(BaseModel):
     p20_ms: float | None
     p50_ms: float | None
     p80_ms: float | None
+    retimed_p20_ms: float | None = None
+    retimed_p50_ms: float | None = None
+    retimed_p80_ms: float | None = None
+    gpu: GpuStatePublic | None = None
     error: str | None
     compile_s: float | None
 
@@ -274,6 +312,12 @@ class DevicePublic(BaseModel):
     torch_version: str | None
     copy_gbps: float | None
     matmul_tflops: float | None
+    copy_gbps_spread: float | None = Field(None, description="(max - min) / median of the "
+                                           "calibration's runs")
+    matmul_tflops_spread: float | None = None
+    calibration_runs: int | None = Field(None, description="runs each calibrated figure is "
+                                         "the median of")
+    calibrated_at: datetime | None = None
     last_seen_at: datetime | None
     seen_seconds_ago: float | None
     #: its workers that beat within one lease length

@@ -220,24 +220,42 @@ def test_kernel_page_shows_its_space_constraints_and_bests(api_client, api_db_ur
     assert [r[2] for r in _cells(html, "configs")] == ["4096x4096x4096"]
 
 
-def test_roofline_places_each_result_under_the_measured_roof(api_client, api_db_url):
+def test_roofline_places_each_result_under_the_one_floor_the_workers_stop_at(api_client,
+                                                                            api_db_url):
+    """Each stored best's floor is tuner.roofline's (the workers' early stop uses the same):
+    the larger of the two limits, the 16-bit matmul peak only for 16-bit dtypes. Before, the
+    page computed its own roof and held float32 to the 16-bit peak (compute-bound, 24%)."""
+    from search_spaces import get_kernel
+    from tuner.roofline import floor_ms
+
     _calibrate(api_db_url)
+    kernel = get_kernel("matmul")
+    big, skinny = {"M": 4096, "N": 4096, "K": 4096}, {"M": 16, "N": 4096, "K": 4096}
+    results = ((big, "float16", 0.2171), (skinny, "float16", 0.03977), (big, "float32", 0.80))
     with init_db(api_db_url)() as session:
-        for shape, tflops, gbps in (({"M": 4096, "N": 4096, "K": 4096}, 633.0, 464.0),
-                                    ({"M": 16, "N": 4096, "K": 4096}, 13.5, 1700.0)):
+        for shape, dtype, ms in results:
             repo.store_best(session, device_key=GPU, kernel="matmul", kernel_version="v",
-                            dtype="float16", shape=shape, triton_version="3.6.0",
-                            config={"BLOCK_M": 64}, p20_ms=1, p50_ms=1, p80_ms=1,
-                            tflops=tflops, gbps=gbps, torch_version=None, cuda_version=None,
-                            task_id=None)
+                            dtype=dtype, shape=shape, triton_version="3.6.0",
+                            config={"BLOCK_M": 64}, p20_ms=ms, p50_ms=ms, p80_ms=ms,
+                            tflops=kernel.flops(shape) / ms * 1e-9,
+                            gbps=kernel.bytes(shape, dtype) / ms * 1e-6,
+                            torch_version=None, cuda_version=None, task_id=None,
+                            measured="retimed")
         session.commit()
     html = api_client.get("/roofline").text
-    rows = {r[2]: r for r in _cells(html, "roofline")}
-    big, skinny = rows["4096x4096x4096"], rows["16x4096x4096"]
-    # 633 TFLOP/s at 1364 FLOP/B: compute-bound, 89% of the 712 TFLOP/s peak
-    assert big[8] == "compute" and big[7] == "89%"
-    # 13.5 TFLOP/s at 7.9 FLOP/B: memory-bound, roof 4219 GB/s x 7.94 = 33.5 TFLOP/s
-    assert skinny[8] == "memory" and skinny[7] == "40%"
+    rows = {(r[1], r[2]): r for r in _cells(html, "roofline")}
+    half, small, single = (rows[("float16", "4096x4096x4096")], rows[("float16", "16x4096x4096")],
+                           rows[("float32", "4096x4096x4096")])
+    for row, (shape, dtype, ms) in zip((half, small, single), results, strict=True):
+        floor = floor_ms(kernel, shape, dtype, 4218.9, 712.4)
+        assert floor is not None and row[7] == f"{floor:.4f}"
+        assert row[9] == f"{100 * floor / ms:.0f}%"
+    # 633 TFLOP/s: compute-bound, 2 * 4096^3 FLOP at 712.4 TFLOP/s is 0.1929 ms: 89% of roof
+    assert half[10] == "compute" and half[9] == "89%" and half[6] == "0.2171 (retimed)"
+    # 16x4096x4096: memory-bound, 33.8 MB at 4219 GB/s is 0.0080 ms: 20% of roof
+    assert small[10] == "memory" and small[9] == "20%"
+    # float32: the 16-bit peak does not apply, the bandwidth limit alone: 0.0477 ms, 6%
+    assert single[10] == "memory (bandwidth only)" and single[9] == "6%"
     assert 'data-roofline' in html
 
 

@@ -129,7 +129,7 @@ def tune(args: argparse.Namespace) -> int:
     if summary["stop_reason"] == "interrupted":
         stored = ("stored its best verified config" if summary["stored"] else
                   "no verified config was stored" if not summary["best_config"] else
-                  "kept the equal or faster stored config")
+                  summary["stored_note"] or "kept the stored config")
         print(f"tuner: interrupted after {summary['trials']} trial(s): the job is cancelled; "
               f"{stored}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -171,24 +171,55 @@ class _Progress:
 
 def _summary(kernel: TunableKernel, shape: dict[str, int], dtype: str, backend: str, outcome: Any,
              wall: float) -> dict[str, Any]:
+    """What ``tuner tune`` reports (``--json``: this object). ``best_ms`` is the best config's
+    re-timed p50 (``best_measured`` ``retimed``; ``trial`` when the finalists were not
+    re-timed), the same number the task, the API and the dashboard show; ``vs_baseline`` is
+    computed only from the baseline timed interleaved with the finalists; ``finalists``: each
+    one's trial and re-timed p50 and the GPU's state as its trial was timed."""
+    from db.models import vs_baseline
+
     result = outcome.result
     best = result.best if result else None
     ms = best.p50_ms if best else None
+    measured = str(best.extra.get("measured", "trial")) if best else None
+    baseline = result.baseline if result and result.baseline and result.baseline.ok else None
+    incumbent = result.incumbent if result else None
     return {
         "kernel": kernel.name, "kernel_version": kernel.version, "shape": shape, "dtype": dtype,
         "backend": backend, "device": outcome.device_key, "status": outcome.status,
         "best_config": best.config.to_dict() if best else None,
-        "best_ms": ms, "best_p20_ms": best.p20_ms if best else None,
+        "best_ms": ms, "best_measured": measured, "best_p20_ms": best.p20_ms if best else None,
         "best_p80_ms": best.p80_ms if best else None,
+        "best_gpu": best.extra.get("gpu") if best else None,
+        "baseline_ms": baseline.p50_ms if baseline else None,
+        "baseline_name": str(baseline.extra.get("baseline", "baseline")) if baseline else None,
+        "vs_baseline": vs_baseline(ms, measured, baseline.p50_ms if baseline else None),
+        "incumbent_ms": incumbent.p50_ms if incumbent is not None and incumbent.ok else None,
+        "finalists": _finalists(result) if result else [],
         "tflops": kernel.flops(shape) / (ms * 1e-3) / 1e12 if ms else None,
         "gbps": kernel.bytes(shape, dtype) / (ms * 1e-3) / 1e9 if ms else None,
         "trials": len(result.trials) if result else 0,
         "outcomes": result.counts if result else {},
         "pruned": result.pruned if result else 0,
         "stop_reason": result.stop_reason if result else None,
-        "stored": outcome.stored, "wall_s": round(wall, 3), "error": outcome.error,
-        "timings_meaningful": backend != "interpret",
+        "stored": outcome.stored, "stored_note": outcome.note, "wall_s": round(wall, 3),
+        "error": outcome.error, "timings_meaningful": backend != "interpret",
     }
+
+
+def _finalists(result: Any) -> list[dict[str, Any]]:
+    """Each finalist's trial p50 and re-timed p50 side by side, with the GPU's state as the
+    trial was timed."""
+    trials = {m.config: m for m in result.trials if m.ok}
+    rows = []
+    for m in result.finalists:
+        trial = trials.get(m.config)
+        retimed = m.extra.get("measured") == "retimed"
+        rows.append({"config": m.config.to_dict(),
+                     "trial_p50_ms": trial.p50_ms if trial else None,
+                     "retimed_p50_ms": m.p50_ms if retimed else None,
+                     "gpu": (trial.extra.get("gpu") if trial else None)})
+    return rows
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -203,9 +234,15 @@ def _print_summary(s: dict[str, Any]) -> None:
         return
     print(f"best     {json.dumps(s['best_config'])}")
     note = "" if s["timings_meaningful"] else "  (CPU interpreter: timings are not GPU timings)"
-    print(f"time     {s['best_ms']:.4f} ms, {s['tflops']:.2f} TFLOP/s, {s['gbps']:.1f} GB/s"
-          f"{note}")
-    print(f"stored   {'yes' if s['stored'] else 'no (an equal or faster config is stored)'}; "
+    which = ("re-timed beside the other finalists" if s["best_measured"] == "retimed"
+             else "trial timing, not re-timed")
+    print(f"time     {s['best_ms']:.4f} ms ({which}), {s['tflops']:.2f} TFLOP/s, "
+          f"{s['gbps']:.1f} GB/s{note}")
+    if s["vs_baseline"]:
+        print(f"baseline {s['vs_baseline']:.2f}x vs {s['baseline_name']} "
+              f"({s['baseline_ms']:.4f} ms, timed interleaved with the finalists)")
+    stored = "yes" if s["stored"] else "no"
+    print(f"stored   {stored}{': ' + s['stored_note'] if s['stored_note'] else ''}; "
           f"wall time {s['wall_s']:.1f} s")
 
 

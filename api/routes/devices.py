@@ -36,7 +36,10 @@ def device_public(d: Device, workers: list[WorkerPublic] | None = None) -> Devic
                         compute_capability=d.compute_capability, sm_count=d.sm_count,
                         memory_bytes=d.memory_bytes, triton_version=d.triton_version,
                         torch_version=d.torch_version, copy_gbps=d.copy_gbps,
-                        matmul_tflops=d.matmul_tflops, last_seen_at=d.last_seen_at,
+                        matmul_tflops=d.matmul_tflops, copy_gbps_spread=d.copy_gbps_spread,
+                        matmul_tflops_spread=d.matmul_tflops_spread,
+                        calibration_runs=d.calibration_runs, calibrated_at=d.calibrated_at,
+                        last_seen_at=d.last_seen_at,
                         seen_seconds_ago=_ago(d.last_seen_at), workers=workers or [])
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
@@ -10,11 +10,13 @@ from sqlalchemy.orm import Session
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
 from api.schemas import (
     INT32_MAX,
+    GpuStatePublic,
     JobCreate,
     JobCreated,
     JobPublic,
     JobsPublic,
     JobStatus,
+    Measured,
     TaskPublic,
     TrialPublic,
     TrialsPublic,
@@ -30,8 +32,9 @@ from api.validation import (
     kernel_or_error,
 )
 from db import repo
-from db.models import Job, Trial
+from db.models import MEASURED, Job, Task, Trial
 from tuner.errors import InvalidRequest
+from tuner.gpu_state import throttle_reasons
 from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 
@@ -42,12 +45,20 @@ def job_url(job_id: str) -> str:
     return f"/api/v1/jobs/{job_id}"
 
 
+def task_public(t: Task, budget_trials: int) -> TaskPublic:
+    return TaskPublic(id=t.id, shape=t.shape, status=t.status, trials_done=t.trials_done,
+                      budget_trials=budget_trials, best_ms=t.best_ms,
+                      best_measured=cast(Measured | None, t.best_measured
+                                         if t.best_measured in MEASURED else None),
+                      best_config=t.best_config, baseline_ms=t.baseline_ms,
+                      baseline_name=t.baseline_name, vs_baseline=t.vs_baseline,
+                      incumbent_ms=t.incumbent_ms, best_note=t.best_note,
+                      outcome_counts=t.outcome_counts or {}, device=t.device_key,
+                      attempts=t.attempts, error=t.error)
+
+
 def job_public(job: Job, waiting: str | None = None) -> JobPublic:
-    tasks = [TaskPublic(id=t.id, shape=t.shape, status=t.status, trials_done=t.trials_done,
-                        budget_trials=job.budget_trials, best_ms=t.best_ms,
-                        best_config=t.best_config, outcome_counts=t.outcome_counts or {},
-                        device=t.device_key, attempts=t.attempts, error=t.error)
-             for t in job.tasks]
+    tasks = [task_public(t, job.budget_trials) for t in job.tasks]
     return JobPublic(id=job.id, kernel=job.kernel, kernel_version=job.kernel_version,
                      dtype=job.dtype, status=job.status, strategy=job.strategy,
                      budget_trials=job.budget_trials, budget_seconds=job.budget_seconds,
@@ -163,10 +174,23 @@ def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
     return job_public(job)
 
 
+def gpu_state_public(t: Trial) -> GpuStatePublic | None:
+    """The GPU state of a trial; None where none was recorded (the interpreter, or a trial
+    measured before it was)."""
+    values = [t.sm_mhz, t.mem_mhz, t.power_w, t.temp_c, t.throttle]
+    if all(v is None for v in values):
+        return None
+    return GpuStatePublic(sm_mhz=t.sm_mhz, mem_mhz=t.mem_mhz, power_w=t.power_w,
+                          temp_c=t.temp_c, throttle=t.throttle,
+                          throttle_reasons=throttle_reasons(t.throttle))
+
+
 def trial_public(t: Trial) -> TrialPublic:
     return TrialPublic(task_id=t.task_id, number=t.number, config=t.config, outcome=t.outcome,
-                       p20_ms=t.p20_ms, p50_ms=t.p50_ms, p80_ms=t.p80_ms, error=t.error,
-                       compile_s=t.compile_s)
+                       p20_ms=t.p20_ms, p50_ms=t.p50_ms, p80_ms=t.p80_ms,
+                       retimed_p20_ms=t.retimed_p20_ms, retimed_p50_ms=t.retimed_p50_ms,
+                       retimed_p80_ms=t.retimed_p80_ms, gpu=gpu_state_public(t),
+                       error=t.error, compile_s=t.compile_s)
 
 
 @router.get("/{job_id}/trials", response_model=TrialsPublic, dependencies=[ReadAccess])

@@ -9,10 +9,14 @@
   const layout = function (extra) { return Object.assign({}, BASE, extra); };
 
   function bestSoFar(el, d) {
-    Plotly.react(el, [{ x: d.numbers, y: d.best, mode: "lines+markers", line: { shape: "hv", color: "#2b7bba" },
-      marker: { size: 4 }, name: "best so far", connectgaps: true }],
-      layout({ title: { text: "Best so far (ms)" }, xaxis: { title: { text: "trial" } },
-        yaxis: { title: { text: "ms" }, type: "log" }, showlegend: false }), CONFIG);
+    // the curve is of trial timings; the task's best (re-timed once the finalists were) is its own point
+    const traces = [{ x: d.numbers, y: d.best, mode: "lines+markers", line: { shape: "hv", color: "#2b7bba" },
+      marker: { size: 4 }, name: "best trial time so far", connectgaps: true }];
+    if (d.final) traces.push({ x: [d.final.x], y: [d.final.ms], mode: "markers", marker: { size: 10, color: "#d7301f", symbol: "diamond" },
+      name: d.final.measured === "retimed" ? "best, re-timed" : "best (trial time)" });
+    Plotly.react(el, traces,
+      layout({ title: { text: "Best trial time so far (ms)" }, xaxis: { title: { text: "trial" } },
+        yaxis: { title: { text: "ms" }, type: "log" }, showlegend: !!d.final, legend: { orientation: "h", y: -0.2 } }), CONFIG);
   }
 
   function trials(el, d) {

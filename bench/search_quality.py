@@ -142,7 +142,9 @@ def describe_tables(paths: list[str]) -> list[str]:
             whole = ("yes" if cov.get("complete") else f"no: {cov.get('measured')} of "
                      f"{cov.get('space')} ({cov.get('stopped') or 'cut'})")
         else:  # recorded before tables said: only the timing note tells
-            whole = "no: cut" if "cut" in str(raw.get("timing", "")).lower() else "-"
+            timing = str(raw.get("timing", "")).lower()
+            whole = ("no: the constraints' feasible configs only" if "feasible" in timing
+                     else "no" if "cut" in timing else "-") + (", cut" if "cut" in timing else "")
         torch_ms = ", ".join(f"{v:.4f}" for v in t.reference_ms.values()) or "-"
         ctx = ProblemContext(t.shape, t.dtype)  # what the search loop sees on a replay table
         auto = resolve_strategy("auto", kernel_has_prior(kernel, t.shape, t.dtype, ctx))

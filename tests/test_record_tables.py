@@ -296,3 +296,16 @@ def test_tables_without_time_left_of_the_total_are_skipped_not_started(tmp_path:
                 log=lines.append)
     assert code == 1 and not list(tmp_path.iterdir())
     assert sum("skipped, no time left" in line for line in lines) == 2
+
+
+def test_the_report_says_which_tables_hold_the_feasible_configs_only():
+    """Tables recorded before whole-space recording (tests/data/replay/holdout) cannot show a
+    constraint that prunes the optimum: the report says so rather than '-'."""
+    from bench.search_quality import describe_tables
+
+    holdout = Path(__file__).resolve().parent / "data/replay/holdout"
+    rows = describe_tables([str(holdout / "matmul_3000x1000x2000_bfloat16_h200.json"),
+                            str(holdout / "matmul_4096x2048x8192_float16_h200.json")])
+    whole = [row.split(" | ")[5] for row in rows[2:4]]
+    assert whole == ["no: the constraints' feasible configs only, cut",
+                     "no: the constraints' feasible configs only"]

@@ -65,6 +65,7 @@ def _wait_for_processes_on_the_gpu(worker: subprocess.Popen[bytes], log_path: Pa
     """Until the worker has at least two processes on the GPU (its measuring child and a
     compile process, which holds a context for its inputs): the set of them."""
     deadline = time.monotonic() + START_S
+    on_gpu: set[int] = set()
     while time.monotonic() < deadline:
         if worker.poll() is not None:
             pytest.fail(f"tuner tune exited ({worker.returncode}) before it was killed:\n"

@@ -55,7 +55,8 @@ def sane(m: Measurement) -> None:
     assert m.p20_ms is not None and m.p50_ms is not None and m.p80_ms is not None
     assert 0 < m.p20_ms <= m.p50_ms <= m.p80_ms, (m.p20_ms, m.p50_ms, m.p80_ms)
     assert m.p80_ms < 10 * m.p20_ms  # one timing, not a hiccup
-    assert m.max_error is not None and m.max_error < MATMUL.tolerance("float16").atol * 10
+    # verified against the reference first (its tolerance is the verifier's business)
+    assert m.max_error is not None and 0 <= m.max_error < 0.1, m.max_error
     assert m.compile_s is not None and m.compile_s > 0
 
 

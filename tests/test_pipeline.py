@@ -97,6 +97,14 @@ def test_each_fault_is_classified_and_the_next_config_still_runs(backend, mode, 
     assert backend.healthy
 
 
+def test_every_trial_is_marked_as_a_trial_whoever_made_it(backend):
+    # OK in the child, a failure the child classified, a crash and a compile timeout the
+    # parent recorded
+    results = backend.measure([cfg(GOOD), cfg(WRONG), cfg(EXIT), cfg(COMPILE_HANG)])
+    assert [m.extra.get("measured") for m in results] == ["trial"] * 4
+    assert "gpu" not in results[0].extra  # the interpreter records no GPU state
+
+
 def test_wrong_and_nan_results_say_what_was_wrong(backend):
     wrong, nan = backend.measure([cfg(WRONG), cfg(NAN)])
     assert "off the reference" in (wrong.error or "")
@@ -155,7 +163,9 @@ def test_preferred_batch_follows_the_pool(backend):
 
 
 def test_calibrate_answers_on_the_interpreter(backend):
-    assert backend.calibrate() == {"copy_gbps": None, "matmul_tflops": None}
+    assert backend.calibrate() == {"copy_gbps": None, "copy_gbps_spread": None,
+                                   "matmul_tflops": None, "matmul_tflops_spread": None,
+                                   "runs": 0}
 
 
 def test_retime_interleaves_and_survives(backend):
@@ -163,6 +173,9 @@ def test_retime_interleaves_and_survives(backend):
     retimed = backend.retime([m.config for m in ok], rounds=3)
     assert [m.config for m in retimed] == [m.config for m in ok]
     assert all(m.ok and m.p20_ms <= m.p50_ms <= m.p80_ms for m in retimed)
+    assert all(m.extra["measured"] == "retimed" and m.extra["rounds"] == 3 for m in retimed)
+    # the fake kernel has no baseline hook: asking for one adds nothing
+    assert [m.config for m in backend.retime([ok[0].config], 2, baseline=True)] == [ok[0].config]
     # a config that hangs while re-timed: the child is replaced and the caller keeps its timings
     assert backend.retime([cfg(HANG)], rounds=1) == []
     assert backend.measure([cfg(GOOD, 2)])[0].ok

@@ -1,12 +1,14 @@
 """The search loop on the recorded H200 table (shared/replay), no GPU needed."""
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from search_spaces import get_kernel
 from tuner.backends.replay import ReplayBackend, load_table
+from tuner.config import KernelConfig
 from tuner.measurement import Outcome
 from tuner.search import SearchOptions, run_search
 
@@ -136,3 +138,69 @@ def test_matmuls_model_search_asks_what_it_asked_before_the_prior_moved_to_the_k
                                                                 strategy=strategy,
                                                                 retime_rounds=0))
         assert [m.config.key() for m in result.trials] == before
+
+
+class LuckyTrials(ReplayBackend):
+    """A table whose trials were lucky: re-timed, every config runs ``factor`` x slower.
+    Records what was re-timed."""
+
+    def __init__(self, table, factor):
+        super().__init__(table)
+        self.factor, self.retimed = factor, []
+
+    def retime(self, configs, rounds, baseline=False):
+        self.retimed.append(list(configs))
+        return [replace(m, p20_ms=m.p20_ms * self.factor, p50_ms=m.p50_ms * self.factor,
+                        p80_ms=m.p80_ms * self.factor) if m.ok else m
+                for m in super().retime(configs, rounds, baseline)]
+
+
+def test_the_roofline_stop_waits_for_a_confirming_retime(table):
+    k = get_kernel("matmul")
+    options = SearchOptions(trials=48, seed=0, retime_rounds=0, floor_ms=table.best_ms * 0.97,
+                            roofline_stop=0.95, confirm_rounds=3)
+    honest = LuckyTrials(table, 1.0)
+    result = run_search(k, table.shape, table.dtype, honest, options)
+    assert result.stop_reason == "near roofline" and len(result.trials) < 48
+    assert honest.retimed == [[result.best.config]]  # confirmed by one re-timing
+    # trials that re-time 20% slower never stop the search; each is re-timed once
+    lucky = LuckyTrials(table, 1.2)
+    result = run_search(k, table.shape, table.dtype, lucky, options)
+    assert result.stop_reason == "budget" and len(result.trials) == 48
+    assert lucky.retimed and all(len(c) == 1 for c in lucky.retimed)
+    assert len({c[0] for c in lucky.retimed}) == len(lucky.retimed)
+    # without confirmation the first lucky trial stops it
+    trusting = LuckyTrials(table, 1.2)
+    result = run_search(k, table.shape, table.dtype, trusting,
+                        replace(options, confirm_rounds=0))
+    assert result.stop_reason == "near roofline" and trusting.retimed == []
+
+
+def test_replay_returns_the_tables_baseline_only_when_it_holds_one(table):
+    configs = [c for c, v in table.results.items() if isinstance(v, float)][:2]
+    out = ReplayBackend(table).retime(configs, 3, baseline=True)
+    assert [m.config for m in out] == configs + [KernelConfig({})]
+    label, ms = next(iter(table.reference_ms.items()))
+    assert out[-1].p50_ms == ms and out[-1].extra["baseline"] == "torch"
+    assert out[-1].extra["label"] == label
+    assert all(m.extra["measured"] == "retimed" for m in out)
+    bare = replace(table, reference_ms={})
+    assert [m.config for m in ReplayBackend(bare).retime(configs, 3, baseline=True)] == configs
+    assert ReplayBackend(table).retime(configs, 3) == out[:2]
+
+
+def test_a_replayed_search_passes_the_incumbent_and_baseline_through(table):
+    k = get_kernel("matmul")
+    incumbent = min((c for c, v in table.results.items() if isinstance(v, float)),
+                    key=lambda c: table.results[c])
+    result = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                        SearchOptions(trials=6, seed=0, incumbent=incumbent))
+    assert result.incumbent is not None and result.incumbent.config == incumbent
+    assert result.incumbent.p50_ms == table.best_ms
+    assert incumbent not in {m.config for m in result.trials}
+    assert result.baseline is not None
+    assert result.baseline.p50_ms == next(iter(table.reference_ms.values()))
+    bare = replace(table, reference_ms={})
+    result = run_search(k, table.shape, table.dtype, ReplayBackend(bare),
+                        SearchOptions(trials=6, seed=0))
+    assert result.baseline is None and result.incumbent is None

@@ -247,7 +247,8 @@ def decide_best(best: Measurement, stored: StoredBest | None, incumbent: Measure
         return BestDecision(best, "inserted", "stored this search's best "
                             f"({'re-timed' if retimed else 'trial'} time): no config was "
                             "stored for this identity")
-    if not retimed or incumbent is None:
+    if not retimed or incumbent is None or (
+            incumbent.ok and incumbent.extra.get("measured") != "retimed"):
         why = ("the finalists were not re-timed" if not retimed
                else "the stored config could not be re-timed beside them")
         return BestDecision(None, "unconfirmed", f"kept the stored best ({stored.p50_ms:.4f} "

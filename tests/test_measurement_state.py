@@ -108,6 +108,10 @@ def test_unsupported_readings_are_none_and_old_nvml_names_work():
     nvml = fake_nvml({"GPU-aa": no_power}, {}, old_names=True)
     sample = gpu_state.open_monitor("GPU-aa", nvml=nvml).sample()
     assert sample["power_w"] is None and sample["throttle"] == 0x24 and sample["sm_mhz"] == 1470
+    # a binding newer than the driver: the new name raises, the old one answers
+    nvml = fake_nvml({"GPU-aa": H200}, {}, old_names=True)
+    nvml.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 1 / 0
+    assert gpu_state.open_monitor("GPU-aa", nvml=nvml).sample()["throttle"] == 0x24
 
 
 def test_merge_samples_takes_medians_and_every_throttle_bit():

@@ -92,7 +92,7 @@ class GpuMonitor:
         if not self.available:
             return empty_sample()
         nvml, h = self.nvml, self.handle
-        throttle = self._read(lambda: _throttle_fn(nvml)(h))
+        throttle = self._read(lambda: _throttle_reasons(nvml, h))
         return {
             "sm_mhz": self.sm_mhz(),
             "mem_mhz": self._read(lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM)),
@@ -103,10 +103,16 @@ class GpuMonitor:
         }
 
 
-def _throttle_fn(nvml: Any) -> Callable[[Any], int]:
-    """NVML renamed "clocks throttle reasons" to "clocks event reasons" (12.x): either."""
-    fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-    return fn or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # type: ignore[no-any-return]
+def _throttle_reasons(nvml: Any, handle: Any) -> int:
+    """NVML renamed "clocks throttle reasons" to "clocks event reasons" (12.x); a driver older
+    than the binding lacks the new function: the old one then."""
+    new = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if new is not None:
+        try:
+            return int(new(handle))
+        except Exception:  # noqa: BLE001 - not in this driver
+            pass
+    return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
 def open_monitor(uuid: str | None = None, pci_bus_id: str | None = None,

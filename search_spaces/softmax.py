@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from tuner.config import KernelConfig
-from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -120,6 +120,8 @@ class SoftmaxKernel:
     dims = (Dim("M", 1, 1 << 20, "rows"), Dim("N", 1, 1 << 18, "columns (the softmax axis)"))
     dtypes = ("float16", "bfloat16", "float32")
     interpreter_unsupported_dtypes: tuple[str, ...] = ()
+    #: each row is a distribution: compared per row, and sums to 1
+    output_check = OutputCheck(rowwise=True, row_sum=1.0)
 
     @property
     def version(self) -> str:
@@ -182,8 +184,12 @@ class SoftmaxKernel:
         return torch.softmax(inputs["x"].float(), dim=-1)
 
     def tolerance(self, dtype: str) -> Tolerance:
-        # Outputs are in [0, 1]; fp16 rounds them to ~5e-4 relative, bf16 to ~4e-3.
-        return {"float16": Tolerance(1e-3, 1e-2), "bfloat16": Tolerance(8e-3, 2e-2),
+        # Every step is relative (exp, sum, divide in fp32): the error of an element is its
+        # rounding to the dtype, at most u = 2**-11 (fp16) or 2**-8 (bf16) of itself; rtol is
+        # 4u. atol (x the row's max) only covers exps that differ in their last bits far below
+        # it; an absolute atol would pass a long row's ~1e-6 elements whatever they are.
+        # fp32: GPU exp and divide are approximate (a few ulps, more for large |x - max|).
+        return {"float16": Tolerance(1e-5, 2e-3), "bfloat16": Tolerance(1e-5, 1.6e-2),
                 "float32": Tolerance(1e-6, 1e-4)}[dtype]
 
     def flops(self, shape: Mapping[str, int]) -> float:

@@ -31,14 +31,41 @@ class Dim:
 
 @dataclass(frozen=True)
 class Tolerance:
+    """How far an output element may be from the reference: ``atol * scale + rtol * |ref|``,
+    where ``scale`` is the largest ``|ref|`` of the element's row (``OutputCheck.rowwise``) or
+    tensor. ``atol`` is relative to that scale, not absolute: an absolute atol lets through
+    anything below it, and a softmax row of 50,257 holds nothing but such small values. The
+    same per-element allowances bound the mean error (``tuner/verification.py``)."""
+
     atol: float
     rtol: float
 
 
-#: tolerances for kernels that give none: outputs of order 1 rounded to the dtype (fp16 keeps
-#: ~5e-4 relative, bf16 ~4e-3; fp32 may go through TF32 tensor cores, 10-bit mantissa)
-DEFAULT_TOLERANCES = {"float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(3e-2, 2e-2),
-                      "float32": Tolerance(1e-3, 1e-3)}
+#: tolerances for kernels that give none, in units of the dtype's unit roundoff u (fp16 2**-11,
+#: bf16 2**-8; fp32 may go through TF32 tensor cores, u = 2**-11): 4u at the scale plus 8u of
+#: the element, room for a few roundings of an fp32 computation and a mean check that still
+#: catches a bias of a few ulps
+DEFAULT_TOLERANCES = {"float16": Tolerance(2e-3, 4e-3), "bfloat16": Tolerance(1.6e-2, 3.2e-2),
+                      "float32": Tolerance(2e-3, 4e-3)}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """What a kernel's outputs are checked for besides closeness (``tuner/verification.py``).
+
+    ``rowwise``: the last dimension is a row computed as a unit (softmax, the norms): scale,
+    mean error and invariants are taken per row; else per output tensor. ``row_sum``: every
+    row of the output sums to this (softmax: 1), checked on the output alone. A kernel
+    declares one as its ``output_check`` attribute; without one, ``OutputCheck()``."""
+
+    rowwise: bool = False
+    row_sum: float | None = None
+
+
+def output_check_of(kernel: Any) -> OutputCheck:
+    """The kernel's declared ``output_check``, else the default (per tensor, no invariant)."""
+    check = getattr(kernel, "output_check", None)
+    return check if isinstance(check, OutputCheck) else OutputCheck()
 
 
 @runtime_checkable
@@ -53,6 +80,8 @@ class TunableKernel(Protocol):
     estimated log run time, used only to rank configs before measuring them; None when the
     kernel has no model. ``flops`` and ``bytes`` feed the roofline (0.0 when unknown).
     ``ref`` is the ``module:attribute`` a measuring child process imports to get this object.
+
+    Optional: ``output_check`` (an ``OutputCheck``): row-wise comparison, declared invariants.
 
     Optional (not part of the protocol): ``compile_shape(shape, dtype) -> dict`` gives a smaller
     shape whose compiled binary is the same (Triton specialises on dtypes, 16-byte alignment of

@@ -9,8 +9,10 @@ shape, and optionally a reference. Everything else has defaults:
   one step around what the list holds; the list itself is tried first as a warm start), or
   given as parameter ranges with constraints;
 - reference: with none, outputs are compared against the user's first config;
-- tolerance per dtype (``DEFAULT_TOLERANCES``); outputs: the arguments whose name contains
-  "out"; flops and bytes unknown (0.0).
+- tolerance per dtype (``DEFAULT_TOLERANCES``; atol is relative to the output's scale) and
+  ``output_check`` (``OutputCheck()``: per tensor; ``OutputCheck(rowwise=True)`` for a kernel
+  whose last dimension is a row); outputs: the arguments whose name contains "out"; flops and
+  bytes unknown (0.0).
 
 ``make_inputs(shape, dtype, device, seed)`` returns the kernel's arguments by parameter name
 (tensors of random data, ints, floats); the key arguments must equal the shape's dimensions.
@@ -27,7 +29,7 @@ from typing import Any
 
 from tuner.config import KernelConfig
 from tuner.errors import InvalidRequest
-from tuner.kernel import DEFAULT_TOLERANCES, Dim, Tolerance
+from tuner.kernel import DEFAULT_TOLERANCES, Dim, OutputCheck, Tolerance
 from tuner.space import Constraint, Param, ProblemContext, SearchSpace
 
 ALL_DTYPES = ("float16", "bfloat16", "float32")
@@ -150,6 +152,7 @@ class Kernel:
                  reference: Callable[[dict[str, Any]], Any] | None = None,
                  outputs: Sequence[str] | None = None, dtypes: Sequence[str] = ALL_DTYPES,
                  tolerance: Mapping[str, Tolerance] | None = None,
+                 output_check: OutputCheck | None = None,
                  flops: Callable[[Mapping[str, int]], float] | None = None,
                  bytes: Callable[[Mapping[str, int], str], float] | None = None,
                  prior: Callable[[KernelConfig, ProblemContext], float | None] | None = None,
@@ -185,6 +188,7 @@ class Kernel:
         #: None: the tensor arguments whose name contains "out", found in make_inputs
         self._outputs: list[str] | None = list(outputs) if outputs is not None else None
         self._tolerance = {**DEFAULT_TOLERANCES, **(tolerance or {})}
+        self.output_check = output_check or OutputCheck()
         self._flops, self._bytes, self._prior = flops, bytes, prior
         self._version = source_hash(fn, self.name)
 

@@ -125,25 +125,14 @@ def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> 
 
 
 def _compare(state: ChildState, got: Any, ref: Any, label: str) -> str | float:
-    """Why ``got`` is not ``ref`` within the kernel's tolerance, else the largest error."""
-    import torch
+    """Why ``got`` is not ``ref`` under the kernel's tolerance and declared output check
+    (``tuner/verification.py``: errors against the reference's scale, per row for row-wise
+    kernels, no bias, declared invariants), else the largest absolute error."""
+    from tuner.kernel import output_check_of
+    from tuner.verification import compare
 
-    if got.shape != ref.shape:
-        return f"{label}output shape {tuple(got.shape)} but the reference is {tuple(ref.shape)}"
-    bad_finite = (~torch.isfinite(got)) & torch.isfinite(ref)
-    if bool(bad_finite.any()):
-        count = int(bad_finite.sum())
-        return f"{label}{count} output element(s) are NaN/Inf where the reference is finite"
-    tol = state.kernel.tolerance(state.dtype)
-    err = (got - ref).abs()
-    allowed = tol.atol + tol.rtol * ref.abs()
-    over = err > allowed
-    if bool(over.any()):
-        idx = int(torch.argmax((err - allowed).flatten()))
-        return (f"{label}{int(over.sum())} element(s) off the reference; worst at flat index "
-                f"{idx}: got {got.flatten()[idx].item():.6g}, expected "
-                f"{ref.flatten()[idx].item():.6g} (atol={tol.atol}, rtol={tol.rtol})")
-    return float(err.max()) if err.numel() else 0.0
+    return compare(got, ref, state.kernel.tolerance(state.dtype), state.dtype,
+                   output_check_of(state.kernel), label)
 
 
 def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],

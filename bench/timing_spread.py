@@ -101,11 +101,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--heat-s", type=float, default=20.0)
     parser.add_argument("--idle-s", type=float, default=5.0)
+    parser.add_argument("--config", default=None,
+                        help="NAME=VALUE,... (default: the kernel's default config)")
     parser.add_argument("--out", default="-")
     args = parser.parse_args()
     from search_spaces import get_kernel
+    from tuner.config import KernelConfig
 
-    config = get_kernel("matmul").default_config(SHAPE, DTYPE)
+    config = (KernelConfig({k: int(v) for k, v in (kv.split("=") for kv in
+                                                    args.config.split(","))})
+              if args.config else get_kernel("matmul").default_config(SHAPE, DTYPE))
     prime(config)
     rows = []
     for rep in range(args.repeats):

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.search import SearchOptions
+
 SHAPE = {"M": 8192, "N": 8192, "K": 8192}
 DTYPE = "bfloat16"
 
@@ -48,7 +50,8 @@ class Heater(threading.Thread):
             torch.cuda.synchronize()
 
 
-def one_run(config: Any, state: str, settle: bool, heat_s: float, idle_s: float) -> dict[str, Any]:
+def one_run(config: Any, state: str, settle: bool, heat_s: float, idle_s: float,
+            rounds: int) -> dict[str, Any]:
     from search_spaces import get_kernel
     from tuner.backends.base import TimingOptions
     from tuner.backends.process import ProcessBackend
@@ -69,7 +72,9 @@ def one_run(config: Any, state: str, settle: bool, heat_s: float, idle_s: float)
             heater.halt.set()
             heater.join()
         started = time.monotonic()
-        (m,) = backend.retime([config], 1)  # the binary is in Triton's cache (``prime``)
+        # the stored number of a tuned config is its re-timing (the search's retime_rounds);
+        # the binary is in Triton's cache (``prime``)
+        (m,) = backend.retime([config], rounds)
         took = time.monotonic() - started
     finally:
         if heater is not None:
@@ -100,6 +105,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--heat-s", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=SearchOptions().retime_rounds,
+                        help="re-timing rounds per run (default: the search's, as stored)")
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--config", default=None,
                         help="NAME=VALUE,... (default: the kernel's default config)")
@@ -116,14 +123,15 @@ def main() -> int:
     for rep in range(args.repeats):
         for settle in (True, False):
             for state in ("cold", "hot"):
-                row = one_run(config, state, settle, args.heat_s, args.idle_s)
+                row = one_run(config, state, settle, args.heat_s, args.idle_s, args.rounds)
                 rows.append(row)
                 print(f"repeat {rep}: {row}", flush=True)
     lines = ["# One config, one number? Timing protocol against the GPU's power state", "",
              f"Command: `python3 -m bench.timing_spread {' '.join(sys.argv[1:])}`", "",
              f"matmul {SHAPE['M']}x{SHAPE['N']}x{SHAPE['K']} {DTYPE}, config `{config.key()}`, "
              "each run a fresh measuring child (`ProcessBackend`), the number its re-timing "
-             "(`retime`, one round: settles first when the protocol is on). cold: after "
+             f"(`retime`, {args.rounds} round(s), the median: what a search stores; settles "
+             "first when the protocol is on). cold: after "
              f"{args.idle_s:.0f} s idle; hot: right after {args.heat_s:.0f} s of bf16 GEMMs "
              "(kept running while the child starts).", "",
              "| protocol | GPU state before | runs | median ms | spread (max-min)/median | "

@@ -105,8 +105,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--heat-s", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=SearchOptions().retime_rounds,
-                        help="re-timing rounds per run (default: the search's, as stored)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="re-timing rounds per run, the median (default 1, as the "
+                             f"results were taken; a search stores the median of "
+                             f"{SearchOptions().retime_rounds})")
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--config", default=None,
                         help="NAME=VALUE,... (default: the kernel's default config)")
@@ -130,8 +132,8 @@ def main() -> int:
              f"Command: `python3 -m bench.timing_spread {' '.join(sys.argv[1:])}`", "",
              f"matmul {SHAPE['M']}x{SHAPE['N']}x{SHAPE['K']} {DTYPE}, config `{config.key()}`, "
              "each run a fresh measuring child (`ProcessBackend`), the number its re-timing "
-             f"(`retime`, {args.rounds} round(s), the median: what a search stores; settles "
-             "first when the protocol is on). cold: after "
+             f"(`retime`, {args.rounds} round(s), the median; settles first when the "
+             "protocol is on). cold: after "
              f"{args.idle_s:.0f} s idle; hot: right after {args.heat_s:.0f} s of bf16 GEMMs "
              "(kept running while the child starts).", "",
              "| protocol | GPU state before | runs | median ms | spread (max-min)/median | "

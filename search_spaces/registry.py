@@ -36,6 +36,7 @@ ENV_VAR = "TUNER_KERNELS"
 
 BUILTINS: dict[str, str] = {
     "matmul": "search_spaces.matmul:KERNEL",
+    "moe_gemm": "search_spaces.moe_gemm:KERNEL",
     "softmax": "search_spaces.softmax:KERNEL",
 }
 

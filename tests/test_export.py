@@ -16,9 +16,10 @@ import pytest
 
 from db import repo
 from db.engine import init_db
+from search_spaces import get_kernel
 from tuner.cli import main
 from tuner.config import KernelConfig
-from tuner.configs_file import ConfigsEntry, ConfigsFile, read_vllm, write_tuner
+from tuner.configs_file import ConfigsEntry, ConfigsFile, nearest_m, read_vllm, write_tuner
 from tuner.device import INTERPRETER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +36,13 @@ def config(block_m: int = 128, warps: int = 8) -> dict[str, int]:
 
 def store(url: str, shape: dict[str, int], ms: float, *, device: str = H200,
           kernel_version: str = "v1", triton: str = "3.6.0", dtype: str = "float16",
-          cfg: dict[str, int] | None = None, device_name: str = "NVIDIA H200") -> None:
+          cfg: dict[str, int] | None = None, device_name: str = "NVIDIA H200",
+          kernel: str = "matmul") -> None:
     """A best config as a worker would have stored it (device row first)."""
     with init_db(url)() as session:
         kind = device.split(":")[0]
         repo.upsert_device(session, {"key": device, "kind": kind, "name": device_name})
-        repo.store_best(session, device_key=device, kernel="matmul",
+        repo.store_best(session, device_key=device, kernel=kernel,
                         kernel_version=kernel_version, dtype=dtype, shape=shape,
                         triton_version=triton, config=cfg or config(), p20_ms=ms, p50_ms=ms,
                         p80_ms=ms, tflops=2 * math.prod(shape.values()) / ms / 1e9, gbps=None,
@@ -222,6 +224,81 @@ def test_vllm_export_is_keyed_by_m_with_vllms_names_and_reads_back(source, tmp_p
     # vLLM takes the entry whose M is nearest to the batch's token count
     nearest = back[min(back, key=lambda m: abs(m - 100))]
     assert nearest["BLOCK_M"] == 128
+
+
+MIXTRAL = {"N": 14336, "K": 4096, "E": 8, "TOPK": 2}
+#: moe_gemm configs tuned per token count, with vLLM's parameter names
+MOE_TUNED = {
+    1: (16, 32, 64, 1, 4, 3), 16: (16, 64, 128, 1, 4, 4), 64: (32, 128, 64, 16, 4, 4),
+    256: (64, 128, 64, 16, 4, 3), 4096: (128, 128, 64, 16, 8, 4),
+}
+
+
+def moe_config(values: tuple[int, ...]) -> dict[str, int]:
+    names = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
+             "num_stages")
+    return dict(zip(names, values, strict=True))
+
+
+def store_moe(url: str, *, dtype: str = "bfloat16", **dims: int) -> None:
+    for i, (m, values) in enumerate(MOE_TUNED.items()):
+        store(url, {"M": m, **MIXTRAL, **dims}, 0.05 * (i + 1), kernel="moe_gemm", dtype=dtype,
+              cfg=moe_config(values))
+
+
+def vllm_load(path: Path) -> dict[int, Any]:
+    """What vLLM's ``get_moe_configs`` does with the file it found."""
+    with open(path) as f:
+        return {int(key): val for key, val in json.load(f).items()}
+
+
+def test_moe_gemm_exports_to_the_file_vllm_looks_for_and_loads_back_by_nearest_m(source,
+                                                                                  tmp_path):
+    store_moe(source)
+    store(source, SQUARE, 0.2)  # a matmul config: --kernel leaves it out
+    assert main(["--db", source, "export", "--format", "vllm", "--kernel", "moe_gemm",
+                 "--out", str(tmp_path)]) == 0
+    path = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".json"] == [path.name]
+    raw = json.loads(path.read_text())
+    assert list(raw) == ["1", "16", "64", "256", "4096"]  # M ascending, as strings
+    assert raw["64"] == moe_config(MOE_TUNED[64])  # vLLM's key names, nothing renamed
+
+    loaded = vllm_load(path)
+    assert loaded == {m: moe_config(v) for m, v in MOE_TUNED.items()}
+    assert read_vllm(path, vllm_names=True) == loaded
+    space = get_kernel("moe_gemm").space()
+    assert all(space.contains(c) for c in loaded.values())  # what the kernel tunes
+    # vLLM's try_get_optimal_moe_config: the nearest M; on a tie the first in the file
+    assert nearest_m(loaded, 100)["BLOCK_SIZE_M"] == 32      # 64 is nearest
+    assert nearest_m(loaded, 3000)["BLOCK_SIZE_M"] == 128    # 4096
+    assert nearest_m(loaded, 40) == moe_config(MOE_TUNED[16])  # 16 and 64 tie: 16
+    assert nearest_m(loaded, 1) == moe_config(MOE_TUNED[1])
+
+
+def test_fp32_moe_configs_get_vllms_dtype_suffix(source, tmp_path, capsys):
+    store_moe(source, dtype="float32")
+    assert main(["--db", source, "export", "--format", "vllm", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200,dtype=float32.json"
+    assert capsys.readouterr().err.strip() == f"tuner: wrote 5 configs (vllm) to {path}"
+    assert vllm_load(path)[4096] == moe_config(MOE_TUNED[4096])
+
+
+@pytest.mark.parametrize(("moe_n", "names"), [
+    (None, ["vLLM names its file after E and N", "--out"]),  # matmul shapes: no E
+    (4096, ["N takes 4096, 14336", "--where N=14336"]),      # two files' worth of moe_gemm
+])
+def test_a_directory_for_a_selection_vllm_cannot_name_is_refused(source, tmp_path, capsys,
+                                                                 moe_n, names):
+    if moe_n is None:
+        store(source, SQUARE, 0.2)
+    else:
+        store_moe(source)
+        store_moe(source, N=moe_n)
+    assert main(["--db", source, "export", "--format", "vllm", "--out", str(tmp_path)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("tuner: error: ") and all(n in line for n in names), line
+    assert list(tmp_path.glob("*.json")) == []
 
 
 @pytest.mark.parametrize(("extra", "names"), [

@@ -97,7 +97,9 @@ def _add_file_commands(sub: Any) -> None:
                         "vllm: {M: config} with vLLM's names, for one kernel, dtype and device "
                         "and shapes that differ only in M")
     export.add_argument("--out", default="-", metavar="FILE", help="where to write "
-                        "(default: - for standard output); replaced atomically")
+                        "(default: - for standard output); replaced atomically; with "
+                        "--format vllm, a directory gets the file vLLM looks for "
+                        "(E=8,N=14336,device_name=NVIDIA_H200.json)")
     _add_db_option(export)
 
     load = sub.add_parser("import", help="load a tuner-configs-v1 file into the store (the "

@@ -316,9 +316,10 @@ def export(args: argparse.Namespace) -> int:
         print(f"tuner: {_nothing_matches(args)}", file=sys.stderr)
         return 1
     write = configs_file.write_vllm if args.format == "vllm" else configs_file.write_tuner
-    count = write(entries, args.out)
+    out = configs_file.vllm_target(entries, args.out) if args.format == "vllm" else args.out
+    count = write(entries, out)
     name = "vllm" if args.format == "vllm" else configs_file.FORMAT
-    target = "standard output" if args.out == configs_file.STDOUT else args.out
+    target = "standard output" if out == configs_file.STDOUT else out
     print(f"tuner: wrote {count} configs ({name}) to {target}", file=sys.stderr)
     return 0
 

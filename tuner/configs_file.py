@@ -13,7 +13,9 @@
 ``ConfigsFile.lookup`` serves only exact identities, the same rule as the service's ``exact``
 match (``tuner.identity``): a file carries no nearest-shape fallback, the caller keeps its
 defaults. ``write_vllm`` / ``read_vllm`` handle the flat ``{"<M>": {"BLOCK_SIZE_M": ...}}`` files
-vLLM's fused-MoE kernels read. Engine side: nothing here imports ``db`` or ``api``.
+vLLM's fused-MoE kernels read, named as vLLM names them (``vllm_file_name``:
+``E=8,N=14336,device_name=NVIDIA_H200.json``) and looked up by the nearest M as vLLM does
+(``nearest_m``). Engine side: nothing here imports ``db`` or ``api``.
 """
 
 from __future__ import annotations
@@ -299,15 +301,50 @@ def _same_other_dims(entries: list[ConfigsEntry]) -> None:
                              f" narrow the selection, e.g. --where {example}", field="where")
 
 
-def read_vllm(path: str | Path) -> dict[int, dict[str, int]]:
-    """A vLLM tuned-config file read the way vLLM reads it (``int(key)`` per entry), with this
-    project's parameter names: ``{16: {"BLOCK_M": 64, ..., "num_warps": 4}, ...}``."""
+def vllm_file_name(entries: Sequence[ConfigsEntry]) -> str:
+    """The name vLLM's ``get_config_file_name`` gives this selection's file:
+    ``E=8,N=14336,device_name=NVIDIA_H200.json`` (the device's name, spaces as underscores),
+    with ``,dtype=float32`` for fp32 (vLLM keeps fp32 configs apart; fp16 and bf16 share the
+    unsuffixed file). vLLM names the file after the experts and N alone: the entries must
+    share one device, dtype, E and N (InvalidRequest otherwise, or when a shape has no E)."""
+    shapes = [e.shape for e in entries]
+    if not entries or any("E" not in s or "N" not in s for s in shapes):
+        raise InvalidRequest("vLLM names its file after E and N, but the selection's shapes "
+                             "have no E: give --out a file name, not a directory", field="out")
+    _one_value(list(entries), "device", lambda e: e.device, "--device")
+    _one_value(list(entries), "dtype", lambda e: e.dtype, "--dtype")
+    _same_other_dims(list(entries))
+    device = device_fingerprint(entries[0].device)["name"].replace(" ", "_")
+    dtype = ",dtype=float32" if entries[0].dtype == "float32" else ""
+    return f"E={shapes[0]['E']},N={shapes[0]['N']},device_name={device}{dtype}.json"
+
+
+def vllm_target(entries: Sequence[ConfigsEntry], out: str) -> str:
+    """Where ``write_vllm`` writes: ``out`` itself, or, when ``out`` is a directory (vLLM's
+    ``VLLM_TUNED_CONFIG_FOLDER`` or its ``configs/`` folder), the file vLLM looks for in it."""
+    if out != STDOUT and Path(out).is_dir():
+        return str(Path(out) / vllm_file_name(entries))
+    return out
+
+
+def nearest_m(configs: Mapping[int, Any], m: int) -> Any:
+    """The config vLLM's ``try_get_optimal_moe_config`` takes for a batch of ``m`` tokens: the
+    entry whose M is nearest, the first in the file's order on a tie."""
+    return configs[min(configs, key=lambda key: abs(key - m))]
+
+
+def read_vllm(path: str | Path, *, vllm_names: bool = False) -> dict[int, dict[str, int]]:
+    """A vLLM tuned-config file read the way vLLM reads it (``int(key)`` per entry, the file's
+    order kept), with this project's matmul parameter names: ``{16: {"BLOCK_M": 64, ...,
+    "num_warps": 4}, ...}``; with ``vllm_names``, the file's own (``BLOCK_SIZE_M``: the names
+    the moe_gemm kernel tunes)."""
     data = _read_json(path)
     where = f"vllm configs file {str(path)!r}"
     if not isinstance(data, dict):
         raise ConfigsFileError(f"{where} must be a JSON object of M -> config")
+    rename = {} if vllm_names else _FROM_VLLM
     try:
-        return {int(m): {_FROM_VLLM.get(k, k): _int(v) for k, v in config.items()}
+        return {int(m): {rename.get(k, k): _int(v) for k, v in config.items()}
                 for m, config in data.items()}
     except (ValueError, TypeError, AttributeError) as exc:
         raise ConfigsFileError(f"{where}: malformed entry: {exc}") from None

@@ -437,6 +437,9 @@ def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
 #: a large problem per built-in kernel (every built-in must be listed), with odd residues and
 #: a dimension of 1 where the kernel has room for one
 LARGE = {"matmul": {"M": 40963, "N": 1, "K": 65535}, "softmax": {"M": 1048575, "N": 4099}}
+LARGE["moe_gemm"] = {"M": 40963, "N": 1, "K": 65535, "E": 8, "TOPK": 2}
+LARGE |= {f"matmul_epilogue_{act}{res}": LARGE["matmul"]  # matmul's dims, fused epilogues
+          for act in ("none", "relu", "gelu", "silu") for res in ("", "_residual")}
 
 
 def _builtins() -> list[str]:

@@ -1,0 +1,263 @@
+"""GEMM with a fused epilogue: C = act(A @ B + bias) (+ residual), act in none, relu, gelu, silu.
+
+The K loop is ``matmul``'s (row-major A: MxK, B: KxN, fp32 accumulation, grouped tile order,
+every edge masked); after it, still in registers and in fp32: the bias (a length-N vector,
+broadcast over rows), then the activation, then the optional residual (an MxN tensor), then
+one rounding to the output dtype and the store. GELU is the tanh approximation
+(``torch.nn.functional.gelu(x, approximate="tanh")``, GPT-2's): tanh as ``2 sigmoid(2x) - 1``,
+which the CPU interpreter and every GPU compute the same way.
+
+The activation and the residual are part of the problem, not of the search: a config tuned for
+one epilogue says nothing certain about another (a residual tile is one more load per output
+tile), and a stored config must never be served for a different computation. So each epilogue
+is a kernel of its own, ``matmul_epilogue_<act>`` and ``matmul_epilogue_<act>_residual`` (eight
+in all), each with the dims M, N, K of ``matmul``. Integer flag dimensions (``ACT=2``) were the
+alternative; they would mix flags with sizes in the shape (the serving index's nearest-shape
+lookup and the cost model treat every dimension as a size) and need bounds starting at 1.
+The space, its constraints, the known-good configs and the prior are ``matmul``'s: the epilogue
+runs once per tile after the loop, when the A and B tiles' registers and shared memory are free.
+
+Same three layers as ``matmul``: ``_matmul_epilogue_kernel`` -> ``matmul_epilogue`` (the
+launcher) -> ``MatmulEpilogueKernel`` (the TunableKernel, one instance per epilogue).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from search_spaces.matmul import KERNEL as MATMUL
+from search_spaces.matmul import TORCH_DTYPES
+from tuner.config import KernelConfig
+from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
+from tuner.space import ProblemContext, SearchSpace
+
+#: the activations, by the ``ACT`` constexpr the kernel takes
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+#: sqrt(2 / pi), GELU's tanh approximation
+_GELU_C = tl.constexpr(0.7978845608028654)
+
+
+@triton.jit
+def _matmul_epilogue_kernel(
+    a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_rm, stride_rn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACT: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    # Grouped ordering, as in matmul: GROUP_M rows of tiles walked column by column.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # The epilogue, in fp32 on the accumulator: one rounding to the output dtype at the end.
+    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    acc += bias[None, :]
+    if ACT == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACT == 2:
+        inner = _GELU_C * (acc + 0.044715 * acc * acc * acc)
+        acc = 0.5 * acc * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
+    elif ACT == 3:
+        acc = acc * tl.sigmoid(acc)
+    mask = mask_m & mask_n
+    if RESIDUAL:
+        r_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
+        acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _args(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None,
+          out: torch.Tensor) -> tuple[Any, ...]:
+    (M, K), N = a.shape, b.shape[1]
+    # Without a residual the pointer is never read (RESIDUAL=0): out stands in for it.
+    res = out if residual is None else residual
+    return (a, b, bias, res, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            res.stride(0), res.stride(1), out.stride(0), out.stride(1))
+
+
+def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None, act: str,
+                 config: KernelConfig) -> tuple[tuple[int], dict[str, int]]:
+    meta = dict(config.meta)
+    meta["ACT"] = ACTIVATIONS.index(act)
+    meta["RESIDUAL"] = int(residual is not None)
+    grid = (triton.cdiv(a.shape[0], meta["BLOCK_M"]) * triton.cdiv(b.shape[1], meta["BLOCK_N"]),)
+    return grid, meta
+
+
+def matmul_epilogue(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
+                    residual: torch.Tensor | None, out: torch.Tensor, act: str,
+                    config: KernelConfig) -> None:
+    """out = act(a @ b + bias) (+ residual) with the given launch config."""
+    grid, meta = _launch_meta(a, b, residual, act, config)
+    _matmul_epilogue_kernel[grid](*_args(a, b, bias, residual, out), **meta,
+                                  num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def compile_matmul_epilogue(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
+                            residual: torch.Tensor | None, out: torch.Tensor, act: str,
+                            config: KernelConfig) -> None:
+    """Compile (or load from Triton's disk cache) without launching."""
+    grid, meta = _launch_meta(a, b, residual, act, config)
+    _matmul_epilogue_kernel.warmup(*_args(a, b, bias, residual, out), **meta,
+                                   num_warps=config.num_warps, num_stages=config.num_stages,
+                                   grid=grid)
+
+
+_TORCH_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda x: x,
+    "relu": torch.relu,
+    "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+#: epilogue flops per output element besides the bias add
+_ACT_FLOPS = {"none": 0, "relu": 1, "gelu": 10, "silu": 5}
+
+
+class MatmulEpilogueKernel:
+    """C = act(A @ B + bias) (+ residual), for one activation and residual choice."""
+
+    dims = (Dim("M", 1, 65536, "rows of A and C"), Dim("N", 1, 65536, "columns of B and C"),
+            Dim("K", 1, 65536, "the reduction dimension"))
+    dtypes = ("float16", "bfloat16", "float32")
+    # Triton's CPU interpreter computes bf16 tl.dot wrongly (silently).
+    interpreter_unsupported_dtypes = ("bfloat16",)
+    #: a GEMM's output is one tensor at one scale, not rows computed as units
+    output_check = OutputCheck()
+
+    def __init__(self, act: str, residual: bool) -> None:
+        if act not in ACTIVATIONS:
+            raise ValueError(f"act must be one of {', '.join(ACTIVATIONS)}, not {act!r}")
+        self.act, self.residual = act, residual
+        suffix = f"{act}_residual" if residual else act
+        self.name = f"matmul_epilogue_{suffix}"
+        self.ref = f"search_spaces.matmul_epilogue:{suffix.upper()}"
+        formula = "A @ B + bias" if act == "none" else f"{act}(A @ B + bias)"
+        self.description = (f"C = {formula}{' + residual' if residual else ''}, the epilogue "
+                            "fused after matmul's K loop in fp32, masked edges")
+
+    @property
+    def version(self) -> str:
+        return source_version(sys.modules[__name__])
+
+    def space(self) -> SearchSpace:
+        return MATMUL.space()
+
+    def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
+        return MATMUL.known_good_configs(shape, dtype)
+
+    def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
+        """matmul's: runs on every shape and dtype, on any GPU with >= 100 KB of smem."""
+        return MATMUL.default_config(shape, dtype)
+
+    def make_inputs(
+        self, shape: Mapping[str, int], dtype: str, device: str, seed: int
+    ) -> dict[str, Any]:
+        M, N = shape["M"], shape["N"]
+        inputs = MATMUL.make_inputs(shape, dtype, device, seed)  # a, b (A @ B ~ N(0, 1)), out
+        gen = torch.Generator(device=device).manual_seed(seed + 1)
+        torch_dtype = TORCH_DTYPES[dtype]
+        # A bias of mean 1: relu keeps about four fifths of the outputs (a mean of 0 would
+        # zero half of them, and with few columns often more, leaving the GEMM's result there
+        # unchecked).
+        bias = 1.0 + 0.5 * torch.randn((N,), generator=gen, device=device, dtype=torch.float32)
+        inputs["bias"] = bias.to(torch_dtype)
+        if self.residual:
+            residual = torch.randn((M, N), generator=gen, device=device, dtype=torch.float32)
+            inputs["residual"] = residual.to(torch_dtype)
+        inputs["_outputs"] = ("out",)
+        return inputs
+
+    def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
+        """matmul's: every dimension keeps its residue mod 256, and 1 stays 1 (the bias and
+        residual strides are N and 1, like the output's)."""
+        return MATMUL.compile_shape(shape, dtype)
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        matmul_epilogue(inputs["a"], inputs["b"], inputs["bias"], inputs.get("residual"),
+                        inputs["out"], self.act, config)
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        compile_matmul_epilogue(inputs["a"], inputs["b"], inputs["bias"],
+                                inputs.get("residual"), inputs["out"], self.act, config)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        y = torch.matmul(inputs["a"].float(), inputs["b"].float()) + inputs["bias"].float()
+        y = _TORCH_ACTS[self.act](y)
+        return y + inputs["residual"].float() if self.residual else y
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        # matmul's: the epilogue adds fp32 roundings only (relu, GELU and SiLU have slopes of
+        # at most 1.13, so they carry the product's error through about unchanged) and the
+        # output is rounded to the dtype once.
+        return MATMUL.tolerance(dtype)
+
+    def flops(self, shape: Mapping[str, int]) -> float:
+        per_element = 1 + _ACT_FLOPS[self.act] + int(self.residual)
+        return MATMUL.flops(shape) + float(per_element * shape["M"] * shape["N"])
+
+    def bytes(self, shape: Mapping[str, int], dtype: str) -> float:
+        elem = 4 if dtype == "float32" else 2
+        extra = shape["N"] + (shape["M"] * shape["N"] if self.residual else 0)
+        return MATMUL.bytes(shape, dtype) + float(elem * extra)
+
+    def baseline(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """What a user writes in torch, in the inputs' dtype: ``torch.addmm`` (``F.linear``'s
+        product plus bias, one cuBLAS call), the activation, the residual add; fp32 with TF32
+        allowed, as ``tl.dot`` computes it (like for like)."""
+        a = inputs["a"]
+        allowed = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = allowed or a.dtype == torch.float32
+        try:
+            y = _TORCH_ACTS[self.act](torch.addmm(inputs["bias"], a, inputs["b"]))
+        finally:  # the reference (fp32, in this process) must stay exact
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+        return y + inputs["residual"] if self.residual else y
+
+    def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
+        """matmul's analytic cost model: the epilogue is a few flops per output element,
+        negligible beside the K loop."""
+        return MATMUL.prior(config, ctx)
+
+
+NONE = MatmulEpilogueKernel("none", residual=False)
+RELU = MatmulEpilogueKernel("relu", residual=False)
+GELU = MatmulEpilogueKernel("gelu", residual=False)
+SILU = MatmulEpilogueKernel("silu", residual=False)
+NONE_RESIDUAL = MatmulEpilogueKernel("none", residual=True)
+RELU_RESIDUAL = MatmulEpilogueKernel("relu", residual=True)
+GELU_RESIDUAL = MatmulEpilogueKernel("gelu", residual=True)
+SILU_RESIDUAL = MatmulEpilogueKernel("silu", residual=True)
+#: every variant, by its registered name
+KERNELS = {k.name: k for k in (NONE, RELU, GELU, SILU, NONE_RESIDUAL, RELU_RESIDUAL,
+                               GELU_RESIDUAL, SILU_RESIDUAL)}

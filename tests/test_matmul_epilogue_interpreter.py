@@ -1,0 +1,133 @@
+"""The fused-epilogue GEMMs (``search_spaces/matmul_epilogue.py``) under Triton's CPU
+interpreter: every activation with and without the residual on odd shapes, the torch baseline,
+the registered names, and a tune through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from search_spaces import get_kernel, kernel_names
+from search_spaces.matmul_epilogue import KERNELS, MatmulEpilogueKernel
+from tuner.config import KernelConfig
+from tuner.errors import UnknownKernel
+from tuner.kernel import load_ref
+from tuner.verification import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = sorted(KERNELS)
+#: BLOCK_N=32 < N=37 (two column tiles, the second masked), BLOCK_K=32 > K (masked K loop)
+SMALL = KernelConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2)
+SHAPES = [{"M": 5, "N": 37, "K": 19}, {"M": 1, "N": 37, "K": 1}, {"M": 17, "N": 3, "K": 40}]
+
+
+def shape_id(shape: dict[str, int]) -> str:
+    return "x".join(map(str, shape.values()))
+
+
+def check(kernel: MatmulEpilogueKernel, got: torch.Tensor, inputs: dict, dtype: str) -> None:
+    """``got`` passes the check every measured config passes (tuner/verification.py)."""
+    result = compare(got, kernel.reference(inputs), kernel.tolerance(dtype), dtype,
+                     kernel.output_check)
+    assert isinstance(result, float), result
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_epilogue_matches_the_reference_on_odd_shapes(name, shape, dtype):
+    k = get_kernel(name)
+    inputs = k.make_inputs(shape, dtype, "cpu", seed=1)
+    inputs["out"].fill_(float("nan"))  # every element must be written
+    k.launch(SMALL, inputs)
+    check(k, inputs["out"], inputs, dtype)
+
+
+def test_each_variant_computes_its_own_epilogue():
+    """A variant's output passes only its own reference: the activation and the residual are
+    really applied (a kernel that skipped either would match another variant's)."""
+    shape, dtype = {"M": 5, "N": 37, "K": 19}, "float32"
+    outputs = {}
+    for name in NAMES:
+        k = KERNELS[name]
+        inputs = k.make_inputs(shape, dtype, "cpu", seed=2)
+        k.launch(SMALL, inputs)
+        outputs[name] = (inputs["out"], inputs)
+    for name, (out, _) in outputs.items():
+        for other, (_, inputs) in outputs.items():
+            k = KERNELS[other]
+            result = compare(out, k.reference(inputs), k.tolerance(dtype), dtype)
+            assert isinstance(result, float) == (name == other), (name, other, result)
+
+
+def test_the_default_config_runs_on_an_odd_shape():
+    k = KERNELS["matmul_epilogue_gelu_residual"]
+    shape, dtype = {"M": 5, "N": 37, "K": 19}, "float16"
+    inputs = k.make_inputs(shape, dtype, "cpu", seed=3)
+    inputs["out"].fill_(float("nan"))
+    k.launch(k.default_config(shape, dtype), inputs)
+    check(k, inputs["out"], inputs, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_torch_baseline_matches_the_reference(name, dtype):
+    k = KERNELS[name]
+    inputs = k.make_inputs({"M": 5, "N": 37, "K": 19}, dtype, "cpu", seed=4)
+    got = k.baseline(inputs)
+    assert got.dtype == getattr(torch, dtype)  # computed in the inputs' dtype, like a user's
+    check(k, got, inputs, dtype)
+
+
+def test_inputs_hold_a_bias_and_a_residual_only_where_the_variant_adds_one():
+    shape = {"M": 5, "N": 37, "K": 19}
+    plain = KERNELS["matmul_epilogue_relu"].make_inputs(shape, "float16", "cpu", seed=5)
+    fused = KERNELS["matmul_epilogue_relu_residual"].make_inputs(shape, "float16", "cpu", 5)
+    assert plain["bias"].shape == (37,) and "residual" not in plain
+    assert fused["residual"].shape == (5, 37) and plain["_outputs"] == ("out",)
+    assert float(fused["residual"].abs().sum()) > 0
+
+
+def test_every_variant_is_registered_under_its_name_and_ref():
+    assert {n for n in kernel_names() if n.startswith("matmul_epilogue")} == set(NAMES)
+    assert len(NAMES) == 8
+    for name in NAMES:
+        k = get_kernel(name)
+        assert k.name == name and load_ref(k.ref) is k
+    assert KERNELS["matmul_epilogue_silu_residual"].description.startswith(
+        "C = silu(A @ B + bias) + residual")
+
+
+def test_an_unknown_epilogue_is_refused_naming_the_field():
+    with pytest.raises(UnknownKernel) as caught:
+        get_kernel("matmul_epilogue_tanh")
+    assert caught.value.field == "kernel" and "matmul_epilogue_gelu" in str(caught.value)
+    with pytest.raises(ValueError, match="act must be one of none, relu, gelu, silu"):
+        MatmulEpilogueKernel("tanh", residual=False)
+
+
+def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    name = "matmul_epilogue_gelu_residual"
+    tuned = tuner("tune", name, "--shape", "M=5,N=37,K=19", "--dtype", "float16",
+                  "--trials", "3", "--backend", "interpret", "--json", db=db)
+    assert tuned.returncode == 0, tuned.stderr
+    summary = json.loads(tuned.stdout)
+    assert summary["device"] == "interpret:cpu" and summary["stored"] is True
+    assert summary["best_ms"] > 0 and summary["trials"] == 3
+    rows = json.loads(tuner("configs", "--kernel", name, "--json", db=db).stdout)
+    assert len(rows) == 1 and rows[0]["config"] == summary["best_config"]
+    assert rows[0]["shape"] == {"M": 5, "N": 37, "K": 19}
+    assert KERNELS[name].space().contains(KernelConfig(summary["best_config"]))

@@ -23,13 +23,9 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 
 
 @triton.jit
-def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # Grouped ordering: GROUP_M rows of tiles are walked column by column so that the B tiles
-    # they share stay in L2.
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's output tile (pid_m, pid_n) in grouped order: GROUP_M rows of tiles are
+    walked column by column so that the B tiles they share stay in L2."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -39,15 +35,18 @@ def _matmul_kernel(
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+@triton.jit
+def tile_dot(a_ptr, b_ptr, K, stride_am, stride_ak, stride_bk, stride_bn, offs_m, offs_n,
+             mask_m, mask_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """The fp32 tile of A @ B at rows ``offs_m`` and columns ``offs_n`` (the K loop; every
+    edge masked: ``mask_m`` is (BLOCK_M, 1), ``mask_n`` (1, BLOCK_N))."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    mask_m = offs_m[:, None] < M
-    mask_n = offs_n[None, :] < N
-
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
@@ -56,6 +55,22 @@ def _matmul_kernel(
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+    acc = tile_dot(a_ptr, b_ptr, K, stride_am, stride_ak, stride_bk, stride_bn, offs_m, offs_n,
+                   mask_m, mask_n, BLOCK_M, BLOCK_N, BLOCK_K)
 
     c = acc.to(c_ptr.dtype.element_ty)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn

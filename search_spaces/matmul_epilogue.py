@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from search_spaces.matmul import KERNEL as MATMUL
-from search_spaces.matmul import TORCH_DTYPES
+from search_spaces.matmul import TORCH_DTYPES, grouped_tile, tile_dot
 from tuner.config import KernelConfig
 from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
 from tuner.space import ProblemContext, SearchSpace
@@ -50,33 +50,13 @@ def _matmul_epilogue_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    # Grouped ordering, as in matmul: GROUP_M rows of tiles walked column by column.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     mask_m = offs_m[:, None] < M
     mask_n = offs_n[None, :] < N
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = tile_dot(a_ptr, b_ptr, K, stride_am, stride_ak, stride_bk, stride_bn, offs_m, offs_n,
+                   mask_m, mask_n, BLOCK_M, BLOCK_N, BLOCK_K)
 
     # The epilogue, in fp32 on the accumulator: one rounding to the output dtype at the end.
     bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
@@ -168,7 +148,8 @@ class MatmulEpilogueKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        # matmul's K loop, tile order, space and prior are part of this kernel
+        return source_version(sys.modules[__name__], sys.modules[MATMUL.__module__])
 
     def space(self) -> SearchSpace:
         return MATMUL.space()

@@ -131,3 +131,20 @@ def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
     assert len(rows) == 1 and rows[0]["config"] == summary["best_config"]
     assert rows[0]["shape"] == {"M": 5, "N": 37, "K": 19}
     assert KERNELS[name].space().contains(KernelConfig(summary["best_config"]))
+
+
+def test_the_version_follows_matmul_s_source_too(monkeypatch):
+    """The epilogue kernels run matmul's K loop and tile order (``tile_dot``,
+    ``grouped_tile``) and search its space: a change there is a change of this kernel, and its
+    stored configs must stop counting as exact."""
+    import inspect
+
+    import search_spaces.matmul as matmul_module
+    from search_spaces import get_kernel
+
+    kernel = get_kernel("matmul_epilogue_gelu")
+    before = kernel.version
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + (
+        "# edited\n" if obj is matmul_module else ""))
+    assert kernel.version != before

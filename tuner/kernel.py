@@ -166,9 +166,11 @@ def missing_members(obj: object) -> list[str]:
     return [m for m in PROTOCOL_MEMBERS if m != "ref" and not hasattr(obj, m)]
 
 
-def source_version(module: ModuleType) -> str:
-    """A short hash of a kernel module's source: a stored config is only valid for this code."""
-    source = inspect.getsource(module)
+def source_version(*modules: ModuleType) -> str:
+    """A short hash of a kernel's source: its module's, and of the modules whose device code or
+    search space it reuses (one module hashes as it always did). A stored config is only valid
+    for this code."""
+    source = "".join(inspect.getsource(module) for module in modules)
     return hashlib.sha256(source.encode()).hexdigest()[:12]
 
 

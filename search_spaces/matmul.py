@@ -102,39 +102,51 @@ def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                           num_stages=config.num_stages, grid=_grid(a, b, meta))
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    # Each pipeline stage holds one A tile and one B tile. On the H200 replay table
-    # (shared/replay) this predicts all 92 OutOfResources exactly (e.g. 128x128x128 with 4 stages:
-    # 262,144 B > 232,448 B) and over-predicts 4 configs (BLOCK_M=32, BLOCK_N=256, BLOCK_K=128,
-    # 4 stages) that Triton ran with fewer stages, each 2.7x slower than the best.
-    need = config["num_stages"] * config["BLOCK_K"] * (config["BLOCK_M"] + config["BLOCK_N"])
-    need *= ctx.elem_bytes
+def tile_shared_memory(stages: int, block_m: int, block_n: int, block_k: int,
+                       ctx: ProblemContext) -> str | None:
+    """Why a pipelined GEMM tile does not fit in shared memory (None when it does): each
+    pipeline stage holds one A tile (block_m x block_k) and one B tile (block_k x block_n)."""
+    need = stages * block_k * (block_m + block_n) * ctx.elem_bytes
     if need > ctx.smem_limit:
         return f"needs {need} B of shared memory; the device allows {ctx.smem_limit} B"
     return None
 
 
-def _accumulator_registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    # The fp32 accumulator alone takes BLOCK_M * BLOCK_N / (32 * num_warps) registers per
-    # thread; a thread has at most 255, and needs some for addresses and operands. At 256 or more
-    # the accumulator spills: on all eight recorded H200 tables (tests/data/replay) the best such
-    # config is 3.3-11.8x slower than the table's best, and they compile slowest (5 s for 256
-    # registers, 33 s for 512, on 777x1234x4321: bench/NOTES.md).
-    regs = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config["num_warps"])
+def tile_accumulator_registers(block_m: int, block_n: int, warps: int) -> str | None:
+    """Why a GEMM tile's fp32 accumulator spills (None when it does not): it alone takes
+    block_m * block_n / (32 * warps) registers per thread, and a thread has at most 255."""
+    regs = block_m * block_n // (32 * warps)
     if regs >= 256:
         return f"the accumulator needs {regs} registers per thread (a thread has 255)"
     return None
+
+
+def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # On the H200 replay table (shared/replay) this predicts all 92 OutOfResources exactly
+    # (e.g. 128x128x128 with 4 stages: 262,144 B > 232,448 B) and over-predicts 4 configs
+    # (BLOCK_M=32, BLOCK_N=256, BLOCK_K=128, 4 stages) that Triton ran with fewer stages, each
+    # 2.7x slower than the best.
+    return tile_shared_memory(config["num_stages"], config["BLOCK_M"], config["BLOCK_N"],
+                              config["BLOCK_K"], ctx)
+
+
+def _accumulator_registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # The accumulator needs some registers left for addresses and operands; at 256 or more it
+    # spills: on all eight recorded H200 tables (tests/data/replay) the best such config is
+    # 3.3-11.8x slower than the table's best, and they compile slowest (5 s for 256 registers,
+    # 33 s for 512, on 777x1234x4321: bench/NOTES.md).
+    return tile_accumulator_registers(config["BLOCK_M"], config["BLOCK_N"], config["num_warps"])
 
 
 def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
     # A tile larger than the (power-of-two padded) problem only computes masked zeros; the
     # smaller tile with the same other parameters does the same work with fewer resources.
     for block, dim, floor in (("BLOCK_M", "M", 16), ("BLOCK_N", "N", 32), ("BLOCK_K", "K", 32)):
-        cap = max(floor, _next_pow2(ctx.shape[dim]))
+        cap = max(floor, next_pow2(ctx.shape[dim]))
         if config[block] > cap:
             return f"{block}={config[block]} is larger than {dim}={ctx.shape[dim]} needs ({cap})"
     return None

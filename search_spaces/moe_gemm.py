@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from search_spaces import matmul as matmul_module
+from search_spaces.matmul import next_pow2, tile_accumulator_registers, tile_shared_memory
 from tuner.config import KernelConfig
 from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
@@ -140,26 +142,15 @@ def compile_moe_gemm(inputs: dict[str, Any], config: KernelConfig) -> None:
                             grid=_grid(inputs, meta))
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
     # Each pipeline stage holds one tile of the gathered rows and one of the expert's weights.
-    need = config["num_stages"] * config["BLOCK_SIZE_K"] * (config["BLOCK_SIZE_M"]
-                                                            + config["BLOCK_SIZE_N"])
-    need *= ctx.elem_bytes
-    if need > ctx.smem_limit:
-        return f"needs {need} B of shared memory; the device allows {ctx.smem_limit} B"
-    return None
+    return tile_shared_memory(config["num_stages"], config["BLOCK_SIZE_M"],
+                              config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"], ctx)
 
 
 def _accumulator_registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    # As for matmul: from 256 fp32 accumulator registers per thread on, the accumulator spills.
-    regs = config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] // (32 * config["num_warps"])
-    if regs >= 256:
-        return f"the accumulator needs {regs} registers per thread (a thread has 255)"
-    return None
+    return tile_accumulator_registers(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"],
+                                      config["num_warps"])
 
 
 def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
@@ -169,7 +160,7 @@ def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
     for block, size, what, floor in (("BLOCK_SIZE_M", rows, "M * TOPK", 16),
                                      ("BLOCK_SIZE_N", ctx.shape["N"], "N", 32),
                                      ("BLOCK_SIZE_K", ctx.shape["K"], "K", 32)):
-        cap = max(floor, _next_pow2(size))
+        cap = max(floor, next_pow2(size))
         if config[block] > cap:
             return f"{block}={config[block]} is larger than {what}={size} needs ({cap})"
     return None
@@ -202,7 +193,8 @@ class MoeGemmKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        # matmul's tile constraints are part of this kernel's space
+        return source_version(sys.modules[__name__], matmul_module)
 
     def space(self) -> SearchSpace:
         return SearchSpace(

@@ -16,10 +16,9 @@ import triton
 import triton.language as tl
 
 from tuner.config import KernelConfig
+from tuner.dtypes import next_pow2, torch_dtype
 from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
-
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @triton.jit
@@ -102,8 +101,6 @@ def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                           num_stages=config.num_stages, grid=_grid(a, b, meta))
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def tile_shared_memory(stages: int, block_m: int, block_n: int, block_k: int,
@@ -208,9 +205,9 @@ class MatmulKernel:
         scale = K ** -0.25
         a = torch.randn((M, K), generator=gen, device=device, dtype=torch.float32) * scale
         b = torch.randn((K, N), generator=gen, device=device, dtype=torch.float32) * scale
-        torch_dtype = TORCH_DTYPES[dtype]
-        out = torch.empty((M, N), device=device, dtype=torch_dtype)
-        return {"a": a.to(torch_dtype), "b": b.to(torch_dtype), "out": out}
+        dt = torch_dtype(dtype)
+        out = torch.empty((M, N), device=device, dtype=dt)
+        return {"a": a.to(dt), "b": b.to(dt), "out": out}
 
     def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
         """Compile on a small problem: every dimension (and so every stride) keeps its residue

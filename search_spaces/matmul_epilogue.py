@@ -32,8 +32,9 @@ import triton
 import triton.language as tl
 
 from search_spaces.matmul import KERNEL as MATMUL
-from search_spaces.matmul import TORCH_DTYPES, grouped_tile, tile_dot
+from search_spaces.matmul import grouped_tile, tile_dot
 from tuner.config import KernelConfig
+from tuner.dtypes import torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
 from tuner.space import ProblemContext, SearchSpace
 
@@ -167,15 +168,15 @@ class MatmulEpilogueKernel:
         M, N = shape["M"], shape["N"]
         inputs = MATMUL.make_inputs(shape, dtype, device, seed)  # a, b (A @ B ~ N(0, 1)), out
         gen = torch.Generator(device=device).manual_seed(seed + 1)
-        torch_dtype = TORCH_DTYPES[dtype]
+        dt = torch_dtype(dtype)
         # A bias of mean 1: relu keeps about four fifths of the outputs (a mean of 0 would
         # zero half of them, and with few columns often more, leaving the GEMM's result there
         # unchecked).
         bias = 1.0 + 0.5 * torch.randn((N,), generator=gen, device=device, dtype=torch.float32)
-        inputs["bias"] = bias.to(torch_dtype)
+        inputs["bias"] = bias.to(dt)
         if self.residual:
             residual = torch.randn((M, N), generator=gen, device=device, dtype=torch.float32)
-            inputs["residual"] = residual.to(torch_dtype)
+            inputs["residual"] = residual.to(dt)
         inputs["_outputs"] = ("out",)
         return inputs
 

@@ -28,12 +28,12 @@ import triton
 import triton.language as tl
 
 from search_spaces import matmul as matmul_module
-from search_spaces.matmul import next_pow2, tile_accumulator_registers, tile_shared_memory
+from search_spaces.matmul import tile_accumulator_registers, tile_shared_memory
 from tuner.config import KernelConfig
+from tuner.dtypes import next_pow2, torch_dtype
 from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 #: the BLOCK_SIZE_M values of the space: make_inputs aligns the routing for each
 BLOCK_SIZES_M = (16, 32, 64, 128)
 
@@ -229,11 +229,11 @@ class MoeGemmKernel:
         scale = K ** -0.25  # every output element ~N(0, 1) whatever K is
         a = torch.randn((M, K), generator=gen, device=device, dtype=torch.float32) * scale
         w = torch.randn((E, N, K), generator=gen, device=device, dtype=torch.float32) * scale
-        torch_dtype = TORCH_DTYPES[dtype]
+        dt = torch_dtype(dtype)
         topk_ids = route(M, E, topk, gen, device)
-        inputs: dict[str, Any] = {"a": a.to(torch_dtype), "w": w.to(torch_dtype),
+        inputs: dict[str, Any] = {"a": a.to(dt), "w": w.to(dt),
                                   "out": torch.empty((M, topk, N), device=device,
-                                                     dtype=torch_dtype),
+                                                     dtype=dt),
                                   "_topk_ids": topk_ids}
         add_routing(inputs, topk_ids, E)
         return inputs

@@ -18,10 +18,10 @@ import triton
 import triton.language as tl
 
 from tuner.config import KernelConfig
+from tuner.dtypes import next_pow2, torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 #: stands in for -inf in the online pass: exp(NEG - m) is 0 for any real max m, and
 #: NEG - NEG is 0, not the NaN that -inf - -inf would give on lanes past the row's end
 NEG = tl.constexpr(-1.0e30)
@@ -90,13 +90,11 @@ def compile_softmax(x: torch.Tensor, out: torch.Tensor, config: KernelConfig) ->
                            num_stages=config.num_stages, grid=grid)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
     """No column block wider than the row needs, no more rows per program than there are."""
-    cap = max(64, _next_pow2(ctx.shape["N"]))
+    cap = max(64, next_pow2(ctx.shape["N"]))
     if config["BLOCK_N"] > cap:
         return f"BLOCK_N={config['BLOCK_N']} is wider than N={ctx.shape['N']} needs ({cap})"
     if config["ROWS"] > 1 and config["ROWS"] > ctx.shape["M"]:
@@ -141,12 +139,12 @@ class SoftmaxKernel:
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """One row per program, the row in one block up to 4,096 columns (the Triton
         tutorial's warps for that width)."""
-        block = min(4096, max(64, _next_pow2(shape.get("N", 1024))))
+        block = min(4096, max(64, next_pow2(shape.get("N", 1024))))
         warps = 4 if block <= 1024 else 8
         return KernelConfig(BLOCK_N=block, ROWS=1, num_warps=warps, num_stages=2)
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        n = max(64, _next_pow2(shape.get("N", 1024)))
+        n = max(64, next_pow2(shape.get("N", 1024)))
         configs = [self.default_config(shape, dtype)]
         for block in sorted({min(n, 16384), min(n, 8192), min(n, 2048), min(n, 1024)},
                             reverse=True):
@@ -165,9 +163,9 @@ class SoftmaxKernel:
         gen = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn((shape["M"], shape["N"]), generator=gen, device=device,
                         dtype=torch.float32) * 3.0
-        torch_dtype = TORCH_DTYPES[dtype]
-        return {"x": x.to(torch_dtype),
-                "out": torch.empty((shape["M"], shape["N"]), device=device, dtype=torch_dtype)}
+        dt = torch_dtype(dtype)
+        return {"x": x.to(dt),
+                "out": torch.empty((shape["M"], shape["N"]), device=device, dtype=dt)}
 
     def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
         """Compile on a few rows of full length: the row length sets the ONE_PASS constexpr

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tuner.config import KernelConfig
+from tuner.dtypes import element_bytes
 from tuner.errors import InvalidConfig
 
 ParamKind = Literal["pow2", "ordinal", "categorical"]
@@ -65,7 +66,7 @@ class ProblemContext:
 
     @property
     def elem_bytes(self) -> int:
-        return {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}.get(self.dtype, 4)
+        return element_bytes(self.dtype)
 
 
 #: A constraint returns None when the config may run, else the reason it cannot.

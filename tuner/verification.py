@@ -43,15 +43,13 @@ import math
 
 import torch
 
+from tuner import dtypes
 from tuner.kernel import OutputCheck, Tolerance
-
-#: dtypes the tuner names, as torch dtypes (an unknown name is compared as float32)
-_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
-                 "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn}
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
-    return _TORCH_DTYPES.get(dtype, torch.float32)
+    """The dtype's torch dtype (an unknown name is compared as float32)."""
+    return dtypes.torch_dtype(dtype) if dtype in dtypes.ELEMENT_BYTES else torch.float32
 
 
 def rounding_floor(dtype: str) -> float:

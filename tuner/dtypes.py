@@ -1,0 +1,33 @@
+"""The one home of the dtypes the tuner names: their element sizes, their torch dtypes, and the
+power-of-two rounding every kernel's space uses. Importing this module does not import torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+#: bytes per element of each dtype name the tuner knows
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
+#: every dtype name the tuner knows
+DTYPES = tuple(ELEMENT_BYTES)
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes per element (an unknown name counts as float32's 4)."""
+    return ELEMENT_BYTES.get(dtype, 4)
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a dtype name (KeyError for a name the tuner does not know)."""
+    import torch
+
+    if dtype not in ELEMENT_BYTES:
+        raise KeyError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    return getattr(torch, dtype)  # type: ignore[no-any-return]
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())

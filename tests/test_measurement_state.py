@@ -177,6 +177,57 @@ def test_is_flat_compares_the_window_s_first_and_last_quarters():
     assert not gpu_state.is_flat(falling, 2.0, 1.0, 15.0)
 
 
+# -- the cool protocol ------------------------------------------------------------------------
+
+class CoolingGpu:
+    """Power that decays from ``start_w`` toward idle while the caller sleeps."""
+
+    def __init__(self, start_w: float, limit_w: float | None, decay_w_per_s: float) -> None:
+        self.t, self.start, self.limit, self.decay = 0.0, start_w, limit_w, decay_w_per_s
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+    def monitor(self) -> Any:
+        return SimpleNamespace(power_limit_w=lambda: self.limit,
+                               power_w=lambda: max(100.0, self.start - self.decay * self.t))
+
+
+def test_cool_down_waits_until_the_power_is_far_from_the_cap():
+    gpu = CoolingGpu(start_w=690.0, limit_w=700.0, decay_w_per_s=500.0)
+    timing = TimingOptions(protocol="cool", cool_power_frac=0.5, cool_max_ms=3000)
+    done = gpu_state.cool_down(gpu.monitor(), timing, clock=gpu.clock, sleep=gpu.sleep)
+    # 690 W falls under 350 W after 0.68 s; it waits in 20 ms steps
+    assert done["why"] == "cool" and 680 <= done["ms"] <= 700
+    assert done["power_w_first"] == 690.0 and done["power_w"] <= 350.0
+
+
+def test_cool_down_gives_up_at_its_limit_and_does_not_wait_blind():
+    hot = CoolingGpu(start_w=690.0, limit_w=700.0, decay_w_per_s=10.0)
+    timing = TimingOptions(protocol="cool", cool_power_frac=0.5, cool_max_ms=1000)
+    done = gpu_state.cool_down(hot.monitor(), timing, clock=hot.clock, sleep=hot.sleep)
+    assert done["why"] == "max" and 1000 <= done["ms"] < 1040 and done["power_w"] > 350.0
+    blind = CoolingGpu(start_w=690.0, limit_w=None, decay_w_per_s=10.0)
+    done = gpu_state.cool_down(blind.monitor(), timing, clock=blind.clock, sleep=blind.sleep)
+    assert done["why"] == "blind" and done["ms"] == 0.0 and blind.t == 0.0
+
+
+def test_the_protocol_comes_from_the_environment_and_a_wrong_name_is_refused(monkeypatch):
+    monkeypatch.delenv("TUNER_TIMING_PROTOCOL", raising=False)
+    assert TimingOptions().protocol == "settled" and TimingOptions().settles
+    monkeypatch.setenv("TUNER_TIMING_PROTOCOL", "cool")
+    opts = TimingOptions()
+    assert opts.protocol == "cool" and opts.cools and not opts.settles
+    state = child_mod.ChildState("cuda")
+    assert not child_mod.settle_due(state, opts, now=0.0)  # cooling, never settling
+    monkeypatch.setenv("TUNER_TIMING_PROTOCOL", "boost")
+    with pytest.raises(ValueError, match="TUNER_TIMING_PROTOCOL='boost'.*settled, cool, none"):
+        TimingOptions()
+
+
 def test_settling_is_due_first_and_after_idle_only_on_a_gpu():
     timing = TimingOptions(settle_max_ms=5000, resettle_idle_s=3.0)
     state = child_mod.ChildState("cuda")

@@ -87,6 +87,17 @@ class GpuMonitor:
         return self._read(lambda: self.nvml.nvmlDeviceGetClockInfo(
             self.handle, self.nvml.NVML_CLOCK_SM))
 
+    def power_limit_w(self) -> float | None:
+        """The enforced power limit (W), the cap the clock falls to hold."""
+        if not self.available:
+            return None
+        return self._read(lambda: self.nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle), 1e-3)
+
+    def power_w(self) -> float | None:
+        if not self.available:
+            return None
+        return self._read(lambda: self.nvml.nvmlDeviceGetPowerUsage(self.handle), 1e-3)
+
     def sample(self) -> GpuSample:
         """The SM and memory clocks (MHz), power (W), temperature (C) and throttle bitmask."""
         if not self.available:
@@ -234,3 +245,32 @@ def settle(load: Callable[[], None], sync: Callable[[], None], monitor: GpuMonit
     last = samples[-1][1] if samples else None
     return {"ms": now * 1e3, "sm_mhz_first": first, "sm_mhz": last,
             "why": "max" if samples else "blind"}
+
+
+#: how often (seconds) ``cool_down`` reads the power while it waits
+COOL_POLL_S = 0.02
+
+
+def cool_down(monitor: GpuMonitor, timing: Any, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """The ``cool`` protocol's wait before one timing: leave the GPU idle until its power
+    reading is at most ``cool_power_frac`` of the enforced power limit (far from the cap, so
+    the timing starts at the boost clock), at most ``cool_max_ms``. Returns ``ms`` waited, the
+    power read first and last (None without NVML: then it does not wait) and ``why`` it
+    stopped: ``cool`` (under the threshold), ``max`` (still over it) or ``blind``."""
+    limit = monitor.power_limit_w()
+    first = monitor.power_w()
+    if limit is None or first is None:
+        return {"ms": 0.0, "power_w_first": first, "power_w": first, "why": "blind"}
+    threshold = float(getattr(timing, "cool_power_frac", 0.5)) * limit
+    max_s = float(getattr(timing, "cool_max_ms", 3000.0)) / 1e3
+    start = clock()
+    power: float | None = first
+    while power is not None and power > threshold:
+        if clock() - start >= max_s:
+            return {"ms": (clock() - start) * 1e3, "power_w_first": first, "power_w": power,
+                    "why": "max"}
+        sleep(COOL_POLL_S)
+        power = monitor.power_w()
+    return {"ms": (clock() - start) * 1e3, "power_w_first": first, "power_w": power,
+            "why": "cool"}

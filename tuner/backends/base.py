@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.measurement import Measurement
 from tuner.space import SearchSpace
+
+#: the timing protocols (``tuner/gpu_state.py`` describes and compares them)
+TIMING_PROTOCOLS = ("settled", "cool", "none")
+#: the environment variable choosing the protocol of every ``TimingOptions()``
+PROTOCOL_ENV = "TUNER_TIMING_PROTOCOL"
+
+
+def default_protocol() -> str:
+    """The protocol named by ``TUNER_TIMING_PROTOCOL`` (ValueError for an unknown one), else
+    ``settled``."""
+    name = os.environ.get(PROTOCOL_ENV, "").strip() or "settled"
+    if name not in TIMING_PROTOCOLS:
+        raise ValueError(f"{PROTOCOL_ENV}={name!r} is not a timing protocol; "
+                         f"choose one of {', '.join(TIMING_PROTOCOLS)}")
+    return name
+
 
 #: called with each measurement as soon as it is taken, before the rest of its batch is
 MeasuredCallback = Callable[[Measurement], None]
@@ -46,6 +63,20 @@ class TimingOptions:
     settle_window_ms: float = 1000.0
     settle_drop_mhz: float = 15.0
     resettle_idle_s: float = 3.0
+    #: the protocol: ``settled`` (above), ``cool`` (before every timing, the GPU idles until
+    #: its power reading is at most ``cool_power_frac`` of its enforced power limit, at most
+    #: ``cool_max_ms``) or ``none`` (every timing in whatever state the GPU is in)
+    protocol: str = field(default_factory=default_protocol)
+    cool_power_frac: float = 0.5
+    cool_max_ms: float = 3000.0
+
+    @property
+    def settles(self) -> bool:
+        return self.protocol == "settled" and self.settle_max_ms > 0
+
+    @property
+    def cools(self) -> bool:
+        return self.protocol == "cool" and self.cool_max_ms > 0
 
 
 class Backend(Protocol):

@@ -35,7 +35,14 @@ from itertools import cycle
 from typing import Any
 
 from tuner.config import KernelConfig
-from tuner.gpu_state import GpuMonitor, GpuSample, merge_samples, monitor_for_torch_device, settle
+from tuner.gpu_state import (
+    GpuMonitor,
+    GpuSample,
+    cool_down,
+    merge_samples,
+    monitor_for_torch_device,
+    settle,
+)
 from tuner.measurement import Measurement, Outcome
 
 #: CUDA errors after which the context is unusable: the child must be replaced.
@@ -178,11 +185,28 @@ def _compile(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) ->
 def settle_due(state: ChildState, timing: Any, now: float | None = None) -> bool:
     """Whether the GPU must be brought to its sustained state before the next timing: on a
     GPU, with settling on, before the task's first timing and after ``resettle_idle_s`` idle."""
-    if state.kind != "cuda" or not float(getattr(timing, "settle_max_ms", 0.0) or 0.0):
+    if state.kind != "cuda" or not _settles(timing):
         return False
     idle_s = float(getattr(timing, "resettle_idle_s", 0.0) or 0.0)
     now = time.monotonic() if now is None else now
     return not state.settled or (idle_s > 0 and now - state.last_busy > idle_s)
+
+
+def _settles(timing: Any) -> bool:
+    """Whether ``timing`` asks for the settled protocol (an older TimingOptions: by its
+    ``settle_max_ms`` alone)."""
+    protocol = getattr(timing, "protocol", "settled")
+    return protocol == "settled" and float(getattr(timing, "settle_max_ms", 0.0) or 0.0) > 0
+
+
+def _cool(state: ChildState, timing: Any) -> dict[str, Any] | None:
+    """With the ``cool`` protocol on a GPU, idle until the power is far from the cap
+    (``tuner/gpu_state.cool_down``); what was done, else None."""
+    if state.kind != "cuda" or getattr(timing, "protocol", "settled") != "cool":
+        return None
+    if state.monitor is None:
+        state.monitor = monitor_for_torch_device(0)
+    return cool_down(state.monitor, timing)
 
 
 def _settle(state: ChildState, load: Callable[[], Any], timing: Any) -> dict[str, Any]:
@@ -195,7 +219,8 @@ def _settle(state: ChildState, load: Callable[[], Any], timing: Any) -> dict[str
 
 
 def _timed_extra(state: ChildState, before: GpuSample | None,
-                 settled: dict[str, Any] | None) -> dict[str, Any]:
+                 settled: dict[str, Any] | None,
+                 cooled: dict[str, Any] | None = None) -> dict[str, Any]:
     """The GPU state after (and before) a timing, and the settling that preceded it."""
     after = state.gpu_sample()
     state.last_busy = time.monotonic()
@@ -206,6 +231,8 @@ def _timed_extra(state: ChildState, before: GpuSample | None,
         extra["gpu_before"] = before
     if settled is not None:
         extra["settle"] = settled
+    if cooled is not None:
+        extra["cool"] = cooled
     return extra
 
 
@@ -231,9 +258,10 @@ def measure_one(state: ChildState, config: KernelConfig, timing: Any,
         settled = None
         if settle_due(state, timing):
             settled = _settle(state, lambda: state.kernel.launch(config, inputs), timing)
+        cooled = _cool(state, timing)
         before = state.gpu_sample()
         p20, p50, p80, quick = _time(state, config, inputs, timing, best_ms)
-        extra = _timed_extra(state, before, settled)
+        extra = _timed_extra(state, before, settled, cooled)
     except Exception as exc:  # noqa: BLE001
         m = _failure(config, exc, compile_s)
         return m, is_sticky(m.error or "")
@@ -287,13 +315,17 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     if base is not None:
         entries.append((KernelConfig({}), base, {"baseline": BASELINE_LABEL}))
     settled = None
-    if state.kind == "cuda" and float(getattr(timing, "settle_max_ms", 0.0) or 0.0):
+    if state.kind == "cuda" and _settles(timing):
         turn = cycle([fn for _, fn, _ in entries])
         settled = _settle(state, lambda: next(turn)(), timing)
     medians: list[list[float]] = [[] for _ in entries]
     gpu: list[list[GpuSample]] = [[] for _ in entries]
+    cooled: list[float] = []
     for _ in range(rounds):
         for i, (_config, fn, _extra) in enumerate(entries):
+            done = _cool(state, timing)
+            if done is not None:
+                cooled.append(done["ms"])
             medians[i].append(_time_fn(state, fn, timing)[1])
             sample = state.gpu_sample()
             if sample is not None:
@@ -306,6 +338,8 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
             extra["gpu"] = merge_samples(samples)
         if settled is not None:
             extra["settle"] = settled
+        if cooled:
+            extra["cool"] = {"ms": sum(cooled), "waits": len(cooled)}
         p20, p50, p80 = _quantiles(values)
         out.append(Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
                                extra=extra))
@@ -374,15 +408,21 @@ def calibrate(state: ChildState, runs: int = CALIBRATION_RUNS,
             b = torch.randn(k, n, device="cuda", dtype=getattr(torch, dtype))
             gemms[(dtype, m, n, k)] = partial(torch.matmul, a, b)
     first = next(iter(gemms.values()))
-    _settle(state, first, timing if timing is not None else TimingOptions())
+    timing = timing if timing is not None else TimingOptions()
+    if _settles(timing):
+        _settle(state, first, timing)
     size = 1 << 30
     src = torch.empty(size, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    copy = [2 * size / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
-                        * 1e-3) / 1e9 for _ in range(runs)]
+    copy = []
+    for _ in range(runs):
+        _cool(state, timing)
+        ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
+        copy.append(2 * size / (ms * 1e-3) / 1e9)
     tflops: dict[Any, list[float]] = {key: [] for key in gemms}
     for _ in range(runs):  # interleaved: drift hits every GEMM alike
         for (dtype, m, n, k), fn in gemms.items():
+            _cool(state, timing)
             ms = triton.testing.do_bench(fn, warmup=25, rep=200)
             tflops[(dtype, m, n, k)].append(2 * m * n * k / (ms * 1e-3) / 1e12)
     state.last_busy = time.monotonic()

@@ -156,8 +156,12 @@ class ProcessBackend:
 
     @property
     def _settle_s(self) -> float:
-        """The longest the child may spend settling the GPU before a timing (cuda only)."""
-        return self.timing.settle_max_ms / 1e3 if self.kind == "cuda" else 0.0
+        """The longest the child may spend settling (or cooling) the GPU before a timing (cuda
+        only)."""
+        if self.kind != "cuda":
+            return 0.0
+        return max(self.timing.settle_max_ms if self.timing.settles else 0.0,
+                   self.timing.cool_max_ms if self.timing.cools else 0.0) / 1e3
 
     def _start(self) -> ChildProcess:
         child = ChildProcess(self.kind, self.device_index, self.timing.start_timeout_s)

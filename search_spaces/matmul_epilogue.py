@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from search_spaces.matmul import KERNEL as MATMUL
-from search_spaces.matmul import grouped_tile, tile_dot
+from search_spaces.matmul import even_k, grouped_tile, tile_dot
 from tuner.config import KernelConfig
 from tuner.dtypes import torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
@@ -49,15 +49,15 @@ def _matmul_epilogue_kernel(
     a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_rm, stride_rn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ACT: tl.constexpr, RESIDUAL: tl.constexpr,
+    ACT: tl.constexpr, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m,
+                   pid_n, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m[:, None] < M
     mask_n = offs_n[None, :] < N
-    acc = tile_dot(a_ptr, b_ptr, K, stride_am, stride_ak, stride_bk, stride_bn, offs_m, offs_n,
-                   mask_m, mask_n, BLOCK_M, BLOCK_N, BLOCK_K)
 
     # The epilogue, in fp32 on the accumulator: one rounding to the output dtype at the end.
     bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
@@ -92,6 +92,7 @@ def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None
     meta = dict(config.meta)
     meta["ACT"] = ACTIVATIONS.index(act)
     meta["RESIDUAL"] = int(residual is not None)
+    meta["EVEN_K"] = even_k(a.shape[1], meta["BLOCK_K"])
     grid = (triton.cdiv(a.shape[0], meta["BLOCK_M"]) * triton.cdiv(b.shape[1], meta["BLOCK_N"]),)
     return grid, meta
 

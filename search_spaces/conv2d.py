@@ -1,0 +1,441 @@
+"""2-D convolution as an implicit GEMM: ``out = conv2d(x, w, stride, padding, dilation)``, no
+bias, fp32 accumulation, in two layouts: NCHW (``conv2d``) and NHWC (``conv2d_nhwc``).
+
+The GEMM is never materialised: its rows are the output pixels (M = N * P * Q), its columns the
+output channels (K), its reduction the filter taps (C * R * S). A program computes one
+BLOCK_M x BLOCK_N tile of the output; for each BLOCK_K slice of the reduction it gathers the
+input patch elements with computed offsets (a tap in the padding, or past the reduction's end,
+is masked and reads 0) and loads the filter slice, then ``tl.dot``. The reduction runs in the
+order the layout stores it: (c, r, s) for NCHW, (r, s, c) for NHWC, so that the filter slice is
+one contiguous run of its flattened row in both (``w.reshape(K, C*R*S)`` for NCHW, the
+channels-last filter as ``K x (R*S*C)``), and for NHWC input the taps of one filter row are
+contiguous too (S * C elements at dilation 1). The decomposition of the reduction index into
+(c, r, s) is done once per BLOCK_K slice, that of the pixel index into (n, p, q) once per tile:
+the per-element work of the gather is two adds, four compares and the load. Offsets are int64
+(an image batch may hold more than 2**31 elements). fp32 inputs are multiplied in IEEE fp32
+(``input_precision="ieee"``, no TF32), as cuDNN does with TF32 off: the issue's fp32 target.
+
+The layout is the problem, not a search parameter (a stored config must never be served for the
+other layout, whose gather differs), so each is a kernel of its own, as ``matmul_epilogue``
+registers its epilogues; both share this module's kernel, space and prior.
+
+Dimensions: N, C, H, W (input), K (output channels), R, S (filter height, width), STRIDE, PAD1,
+DIL, the same for both spatial axes (torch's ``stride``, ``padding``, ``dilation`` as single
+integers). Every dimension is at least 1 (the protocol's and the conformance suite's rule),
+and a padding of 0 is the most common one: so the padding dimension is ``PAD1 = padding + 1``
+(``PAD1=1``: no padding), named so that no one reads it as the padding itself. The alternatives
+were worse: an output-size dimension instead of H makes the input size ambiguous (224 and 227
+give the same 55 at stride 4), and a PAD with lo 0 fails the suite. The suite's 7-per-dimension
+problem must have an output (H + 2 * pad >= DIL * (R - 1) + 1 with all at 7 and pad 6): that
+caps DIL at 3 (a larger dilation needs a kernel-chosen example shape in the suite).
+
+Same three layers as ``matmul``: ``_conv2d_kernel`` -> ``conv2d`` (the launcher) ->
+``Conv2dKernel`` (the TunableKernel, one instance per layout).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from search_spaces import matmul as matmul_module
+from search_spaces.matmul import grouped_tile, tile_accumulator_registers, tile_shared_memory
+from tuner.config import KernelConfig
+from tuner.dtypes import element_bytes, next_pow2, torch_dtype
+from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
+from tuner.space import Param, ProblemContext, SearchSpace
+
+#: the layouts, by the ``CHANNELS_LAST`` constexpr the kernel takes
+LAYOUTS = ("nchw", "nhwc")
+#: the largest GEMM row count (output pixels) a problem may have: offsets within a tile's rows
+#: are int32 before they are widened
+MAX_PIXELS = 1 << 30
+
+
+@triton.jit
+def _conv2d_kernel(
+    x_ptr, w_ptr, out_ptr,
+    M, K_OUT, K_RED, C, H, W, P, Q, R, S, CONV_STRIDE, PAD, DIL,
+    stride_xn, stride_xc, stride_xh, stride_xw, stride_wk,
+    stride_on, stride_ok, stride_op, stride_oq,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
+):
+    pid_m, pid_n = grouped_tile(M, K_OUT, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < K_OUT
+
+    # Each row's output pixel (image n, row p, column q) and its window's top-left input
+    # position, which may lie in the padding (negative).
+    n = offs_m // (P * Q)
+    pq = offs_m % (P * Q)
+    h0 = (pq // Q) * CONV_STRIDE - PAD
+    w0 = (pq % Q) * CONV_STRIDE - PAD
+    x_rows = (n.to(tl.int64) * stride_xn + h0.to(tl.int64) * stride_xh
+              + w0.to(tl.int64) * stride_xw)
+    # The filter as K_OUT rows of K_RED taps, contiguous in the reduction order.
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wk + offs_k[:, None]
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K_RED, BLOCK_K):
+        kk = k0 + offs_k
+        mask_k = kk < K_RED
+        if CHANNELS_LAST:  # reduction order (r, s, c)
+            r = kk // (S * C)
+            s = (kk // C) % S
+            c = kk % C
+        else:  # reduction order (c, r, s)
+            c = kk // (R * S)
+            r = (kk // S) % R
+            s = kk % S
+        dh = r * DIL
+        dw = s * DIL
+        x_taps = (c.to(tl.int64) * stride_xc + dh.to(tl.int64) * stride_xh
+                  + dw.to(tl.int64) * stride_xw)
+        ih = h0[:, None] + dh[None, :]
+        iw = w0[:, None] + dw[None, :]
+        a_mask = (mask_m[:, None] & mask_k[None, :] & (ih >= 0) & (ih < H)
+                  & (iw >= 0) & (iw < W))
+        a = tl.load(x_ptr + (x_rows[:, None] + x_taps[None, :]), mask=a_mask, other=0.0)
+        b = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        # IEEE fp32 products for fp32 inputs (no TF32); fp16 and bf16 ignore the argument
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+        w_ptrs += BLOCK_K
+
+    p = pq // Q
+    q = pq % Q
+    out_rows = (n.to(tl.int64) * stride_on + p.to(tl.int64) * stride_op
+                + q.to(tl.int64) * stride_oq)
+    out_ptrs = out_ptr + (out_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_ok)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A problem's sizes and its implicit GEMM's (M x K_OUT output, K_RED reduction)."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    stride: int
+    pad: int
+    dil: int
+
+    @classmethod
+    def of(cls, shape: Mapping[str, int]) -> Geometry:
+        return cls(shape["N"], shape["C"], shape["H"], shape["W"], shape["K"], shape["R"],
+                   shape["S"], shape["STRIDE"], shape["PAD1"] - 1, shape["DIL"])
+
+    @property
+    def P(self) -> int:  # noqa: N802 - the output height, as the literature names it
+        return (self.H + 2 * self.pad - self.dil * (self.R - 1) - 1) // self.stride + 1
+
+    @property
+    def Q(self) -> int:  # noqa: N802 - the output width
+        return (self.W + 2 * self.pad - self.dil * (self.S - 1) - 1) // self.stride + 1
+
+    @property
+    def M(self) -> int:  # noqa: N802 - the GEMM's rows: output pixels
+        return self.N * self.P * self.Q
+
+    @property
+    def K_RED(self) -> int:  # noqa: N802 - the GEMM's reduction: filter taps
+        return self.C * self.R * self.S
+
+    def problem(self) -> str | None:
+        """Why this problem cannot be computed (no output, too many pixels), else None."""
+        axes = (("H", self.H, self.R, self.P), ("W", self.W, self.S, self.Q))
+        for axis, size, taps, out in axes:
+            if out < 1:
+                return (f"no output: the padded {axis} ({size} + 2 x {self.pad}) is smaller than "
+                        f"the dilated filter ({self.dil} x ({taps} - 1) + 1)")
+        if self.M > MAX_PIXELS:
+            return f"N * P * Q = {self.M} output pixels; at most {MAX_PIXELS} are supported"
+        return None
+
+
+def geometry(shape: Mapping[str, int]) -> Geometry:
+    """The problem's geometry; ValueError when it has no output or is too large."""
+    g = Geometry.of(shape)
+    why = g.problem()
+    if why:
+        raise ValueError(f"conv2d {dict(shape)}: {why}")
+    return g
+
+
+def _filter_rows(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """The filter as K rows of taps in the kernel's reduction order, a view of ``w`` in the
+    layout's memory format (a copy otherwise: such a filter is not what make_inputs gives)."""
+    K = w.shape[0]
+    rows = w.permute(0, 2, 3, 1) if channels_last else w
+    return rows.reshape(K, -1)
+
+
+def _args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, g: Geometry,
+          channels_last: bool) -> tuple[Any, ...]:
+    rows = _filter_rows(w, channels_last)
+    return (x, rows, out, g.M, g.K, g.K_RED, g.C, g.H, g.W, g.P, g.Q, g.R, g.S, g.stride, g.pad,
+            g.dil, *x.stride(), rows.stride(0), *out.stride())
+
+
+def _geometry_of(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,
+                 dil: int) -> Geometry:
+    (N, C, H, W), (K, _, R, S) = x.shape, w.shape
+    return geometry({"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "STRIDE": stride,
+                     "PAD1": pad + 1, "DIL": dil})
+
+
+def _grid(g: Geometry, meta: Mapping[str, int]) -> tuple[int]:
+    return (triton.cdiv(g.M, meta["BLOCK_M"]) * triton.cdiv(g.K, meta["BLOCK_N"]),)
+
+
+def conv2d(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: int, pad: int, dil: int,
+           config: KernelConfig, channels_last: bool) -> None:
+    """out = conv2d(x, w, stride=stride, padding=pad, dilation=dil) with the given launch
+    config; x (N, C, H, W), w (K, C, R, S), out (N, K, P, Q) in any strides, the filter in
+    the layout's memory format (contiguous for NCHW, channels-last for NHWC)."""
+    g = _geometry_of(x, w, stride, pad, dil)
+    meta = {**config.meta, "CHANNELS_LAST": int(channels_last)}
+    _conv2d_kernel[_grid(g, meta)](*_args(x, w, out, g, channels_last), **meta,
+                                   num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def compile_conv2d(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: int, pad: int,
+                   dil: int, config: KernelConfig, channels_last: bool) -> None:
+    """Compile (or load from Triton's disk cache) without launching."""
+    g = _geometry_of(x, w, stride, pad, dil)
+    meta = {**config.meta, "CHANNELS_LAST": int(channels_last)}
+    _conv2d_kernel.warmup(*_args(x, w, out, g, channels_last), **meta,
+                          num_warps=config.num_warps, num_stages=config.num_stages,
+                          grid=_grid(g, meta))
+
+
+# -- the search space ---------------------------------------------------------------------------
+
+def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # as a GEMM: each pipeline stage holds one gathered input tile and one filter tile
+    return tile_shared_memory(config["num_stages"], config["BLOCK_M"], config["BLOCK_N"],
+                              config["BLOCK_K"], ctx)
+
+
+def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """The accumulator (matmul's rule), and with it one register per gathered element of the
+    input tile: its offsets are computed per element (not by a copy engine), so they live in
+    registers beside the accumulator until the tile is loaded."""
+    bm, bn, bk, warps = (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
+                         config["num_warps"])
+    full = tile_accumulator_registers(bm, bn, warps)
+    if full:
+        return full
+    regs = (bm * bn + bm * bk) // (32 * warps)
+    if regs >= 256:
+        return (f"the accumulator and the gathered input tile need {regs} registers per thread "
+                "(a thread has 255)")
+    return None
+
+
+def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """No tile larger than the (power-of-two padded) implicit GEMM needs: output pixels,
+    output channels, filter taps (16 at least: ``tl.dot``'s smallest)."""
+    g = Geometry.of(ctx.shape)
+    for block, size, what in (("BLOCK_M", g.M, "output pixels"), ("BLOCK_N", g.K,
+                              "output channels"), ("BLOCK_K", g.K_RED, "filter taps")):
+        cap = max(16, next_pow2(size))
+        if config[block] > cap:
+            return f"{block}={config[block]} is larger than the {size} {what} need ({cap})"
+    return None
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages): the matmul tutorial's shapes cut to the
+# few output channels of a convolution (96 for AlexNet's first layer: one 128-wide column tile,
+# or 64 + 32), small-K tiles for fp32 (IEEE products on the CUDA cores, where a deep K slice
+# only adds registers), and small tiles for small problems
+_KNOWN_GOOD = [
+    (128, 128, 32, 8, 8, 3), (128, 128, 64, 8, 8, 2), (256, 128, 32, 8, 8, 2),
+    (128, 64, 32, 8, 4, 3), (64, 128, 32, 8, 4, 3), (128, 32, 64, 8, 4, 3),
+    (64, 64, 32, 8, 4, 3), (128, 128, 16, 8, 8, 3), (64, 128, 16, 8, 4, 4),
+    (128, 64, 16, 8, 4, 4), (64, 32, 32, 8, 2, 4), (32, 64, 32, 8, 2, 4),
+]
+_PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+class Conv2dKernel:
+    """conv2d in one layout: ``nchw`` (torch's default) or ``nhwc`` (channels_last tensors)."""
+
+    dims = (
+        Dim("N", 1, 4096, "images"),
+        Dim("C", 1, 8192, "input channels"),
+        Dim("H", 1, 16384, "input height"),
+        Dim("W", 1, 16384, "input width"),
+        Dim("K", 1, 8192, "output channels"),
+        Dim("R", 1, 64, "filter height"),
+        Dim("S", 1, 64, "filter width"),
+        Dim("STRIDE", 1, 64, "stride, both axes"),
+        Dim("PAD1", 1, 65, "padding + 1, both axes (PAD1=1: no padding; every dim is >= 1)"),
+        Dim("DIL", 1, 3, "dilation, both axes (at most 3: the conformance suite's "
+                         "7-per-dimension problem must have an output)"),
+    )
+    dtypes = ("float16", "bfloat16", "float32")
+    # Triton's CPU interpreter computes bf16 tl.dot wrongly (silently).
+    interpreter_unsupported_dtypes = ("bfloat16",)
+    #: one output tensor at one scale, not rows computed as units
+    output_check = OutputCheck()
+
+    def __init__(self, layout: str) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+        self.layout = layout
+        self.channels_last = layout == "nhwc"
+        self.name = "conv2d_nhwc" if self.channels_last else "conv2d"
+        self.ref = f"search_spaces.conv2d:{layout.upper()}"
+        self.description = (f"2-D convolution, {layout.upper()} input and output "
+                            f"({'channels_last' if self.channels_last else 'contiguous'} "
+                            "tensors), as an implicit GEMM: output pixels x output channels "
+                            "x filter taps, stride, padding (PAD1 = padding + 1), dilation; "
+                            "fp32 accumulation, IEEE fp32 products (no TF32)")
+
+    @property
+    def version(self) -> str:
+        # matmul's tile order and tile constraints are part of this kernel
+        return source_version(sys.modules[__name__], matmul_module)
+
+    def space(self) -> SearchSpace:
+        return SearchSpace(
+            params=(
+                Param.pow2("BLOCK_M", 16, 256),
+                Param.pow2("BLOCK_N", 16, 256),
+                Param.pow2("BLOCK_K", 16, 128),
+                Param.ints("GROUP_M", (1, 8)),
+                Param.pow2("num_warps", 2, 8),
+                Param.ints("num_stages", (1, 2, 3, 4)),
+            ),
+            constraints=(_shared_memory, _registers, _redundant_tile),
+        )
+
+    def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
+        return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in _KNOWN_GOOD]
+
+    def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
+        """64 x 64 x 32 tiles, cut to small problems (never larger than the GEMM needs): runs
+        on every shape and dtype, on any GPU with >= 100 KB of shared memory."""
+        g = Geometry.of(shape)
+        return KernelConfig(BLOCK_M=min(64, max(16, next_pow2(g.M))),
+                            BLOCK_N=min(64, max(16, next_pow2(g.K))),
+                            BLOCK_K=min(32, max(16, next_pow2(g.K_RED))), GROUP_M=8,
+                            num_warps=4, num_stages=2)
+
+    def make_inputs(
+        self, shape: Mapping[str, int], dtype: str, device: str, seed: int
+    ) -> dict[str, Any]:
+        g = geometry(shape)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        dt = torch_dtype(dtype)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = torch.randn((g.N, g.C, g.H, g.W), generator=gen, device=device, dtype=torch.float32)
+        # Scaled so that every output element is ~N(0, 1) whatever C * R * S is.
+        w = torch.randn((g.K, g.C, g.R, g.S), generator=gen, device=device,
+                        dtype=torch.float32) * g.K_RED ** -0.5
+        out = torch.empty((g.N, g.K, g.P, g.Q), device=device, dtype=dt)
+        return {"x": x.to(dt).contiguous(memory_format=fmt),
+                "w": w.to(dt).contiguous(memory_format=fmt),
+                "out": out.contiguous(memory_format=fmt),
+                "stride": g.stride, "pad": g.pad, "dil": g.dil}
+
+    def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
+        """A smaller problem compiled to the same binary: fewer images (N keeps its residue mod
+        16, 1 stays 1) and smaller images. H and W shrink by multiples of 16 x STRIDE, so that
+        they and the output's P and Q keep their residues mod 16 (and with them every stride and
+        the pixel count), and stay larger than the filter plus 16 strides (P and Q stay above
+        16: never 1 unless they were). The filter, the channels, stride, padding and dilation
+        are kept: they set the reduction."""
+        g = Geometry.of(shape)
+        small = dict(shape)
+        small["N"] = shrunk_dim(g.N, 16)
+        step = 16 * g.stride
+        for axis, taps in (("H", g.R), ("W", g.S)):
+            base = g.dil * (taps - 1) + 1 + step
+            size = shape[axis]
+            if size > base + step:
+                small[axis] = base + (size - base) % step
+        return small
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        conv2d(inputs["x"], inputs["w"], inputs["out"], inputs["stride"], inputs["pad"],
+               inputs["dil"], config, self.channels_last)
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        compile_conv2d(inputs["x"], inputs["w"], inputs["out"], inputs["stride"], inputs["pad"],
+                       inputs["dil"], config, self.channels_last)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """torch's conv2d in float64 (on the inputs' device): exact beside any fp32 kernel, and
+        no TF32 or reduced-precision algorithm whatever the backend's flags say."""
+        x, w = inputs["x"].double().contiguous(), inputs["w"].double().contiguous()
+        y = torch.nn.functional.conv2d(x, w, stride=inputs["stride"], padding=inputs["pad"],
+                                       dilation=inputs["dil"])
+        return y.float()
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        # fp16/bf16: matmul's (exact products summed in fp32, one rounding to the dtype: rtol
+        # 4u of the element, atol 2u of the output's largest |value|). fp32: IEEE products,
+        # one sequential fp32 sum of C*R*S terms, against a float64 reference: the error is a
+        # random walk of roundings, ~sqrt(C*R*S) x 2**-24 of the scale (1e-6 at 363 taps, 3e-5
+        # at 200,704); atol 1e-4 of the scale covers that, and a TF32 product (2**-11 of each)
+        # or a bias of 3 TF32 ulps is over it.
+        return {"float16": Tolerance(1e-3, 2e-3), "bfloat16": Tolerance(8e-3, 1.6e-2),
+                "float32": Tolerance(1e-4, 1e-5)}[dtype]
+
+    def flops(self, shape: Mapping[str, int]) -> float:
+        g = Geometry.of(shape)
+        return 2.0 * g.M * g.K * g.K_RED
+
+    def bytes(self, shape: Mapping[str, int], dtype: str) -> float:
+        """The floor: the input, the filter and the output, each once."""
+        g = Geometry.of(shape)
+        elements = g.N * g.C * g.H * g.W + g.K * g.K_RED + g.M * g.K
+        return float(element_bytes(dtype) * max(0, elements))
+
+    def baseline(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """torch's conv2d (cuDNN) on the same tensors, in their dtype and memory format
+        (channels_last for NHWC); fp32 with TF32 off, as this kernel computes it."""
+        x = inputs["x"]
+        allowed = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = allowed and x.dtype != torch.float32
+        try:
+            return torch.nn.functional.conv2d(x, inputs["w"], stride=inputs["stride"],
+                                              padding=inputs["pad"], dilation=inputs["dil"])
+        finally:  # the process's setting, as it was
+            torch.backends.cudnn.allow_tf32 = allowed
+
+    def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
+        """matmul's analytic cost model on the implicit GEMM (M = output pixels, N = output
+        channels, K = filter taps): waves, occupancy, shared memory and L2 traffic per tile
+        rank tile shapes as they do for a GEMM. It does not see the gather (every input tile
+        goes through registers) nor fp32's CUDA-core products: a ranking, not a prediction."""
+        from tuner.strategies import cost_model  # imported here: measuring children never rank
+
+        g = Geometry.of(ctx.shape)
+        if g.problem():
+            return None
+        gemm = ProblemContext({"M": g.M, "N": g.K, "K": g.K_RED}, ctx.dtype, ctx.smem_limit,
+                              ctx.sm_count)
+        return cost_model.estimate(config, gemm)
+
+
+NCHW = Conv2dKernel("nchw")
+NHWC = Conv2dKernel("nhwc")
+#: both layouts, by their registered names
+KERNELS = {k.name: k for k in (NCHW, NHWC)}

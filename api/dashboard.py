@@ -17,6 +17,8 @@ page's script as a header or typed into the form.
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import math
 import statistics
@@ -29,19 +31,27 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from sqlalchemy import func, select
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
 from db import repo
-from db.models import ACTIVE, BestConfig, Device, Job, Task, Trial
+from db.models import ACTIVE, BestConfig, Device, Job, Task, utcnow
 from search_spaces import get_kernel, kernel_names
+from tuner.config import triton_config_text
+from tuner.configs_file import VLLM_NAMES
 from tuner.gpu_state import throttle_reasons
 from tuner.kernel import TunableKernel
-from tuner.roofline import roofline
+from tuner.roofline import Roofline, roofline
 from tuner.settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -89,6 +99,8 @@ def _page(request: Request, template: str, status_code: int = 200,
     context.setdefault("title", "")
     context["charts"] = plotly_js() is not None
     context["auth"] = bool(settings.parsed_api_keys())
+    # the page's script counts "3 s ago" on from the server's clock, not the browser's
+    context["server_now"] = utcnow().isoformat()
     return templates.TemplateResponse(request, template, context, status_code=status_code)
 
 
@@ -114,38 +126,51 @@ def ago_text(moment: Any) -> str:
     return f"{seconds:.0f} s ago"
 
 
+def ago_tag(moment: Any) -> Markup:
+    """``ago_text`` in a ``<time>`` element that the page's script keeps current (it counts
+    from the ISO time in ``datetime``); the exact time is its tooltip."""
+    if moment is None:
+        return Markup("-")
+    iso = moment.isoformat()
+    return Markup('<time datetime="{0}" title="{0}" data-ago>{1}</time>').format(
+        iso, ago_text(moment))
+
+
+def fixed_text(value: float | None, digits: int = 1) -> str:
+    """A number with ``digits`` decimals; "-" for none (not measured, not applicable)."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def config_short(config: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
 templates.env.filters["shape"] = shape_text
 templates.env.filters["ms"] = ms_text
 templates.env.filters["ago"] = ago_text
+templates.env.filters["ago_tag"] = ago_tag
+templates.env.filters["fixed"] = fixed_text
+templates.env.filters["config_short"] = config_short
+templates.env.filters["triton_config"] = triton_config_text
 templates.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(", ", ":"))
 
 
 # -- config renderings (what the copy buttons copy) --------------------------------------------
 
-#: meta-parameters that are launch options, not constexprs
-_LAUNCH = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-#: this service's parameter names -> the names vLLM's tuned-config JSON files use
-_VLLM_NAMES = {"BLOCK_M": "BLOCK_SIZE_M", "BLOCK_N": "BLOCK_SIZE_N", "BLOCK_K": "BLOCK_SIZE_K",
-               "GROUP_M": "GROUP_SIZE_M"}
-
-
-def as_triton_config(config: Mapping[str, int]) -> str:
-    """``triton.Config({...}, num_warps=.., num_stages=..)``: pasteable into ``autotune``."""
-    kwargs = ", ".join(f"{k!r}: {v!r}" for k, v in config.items() if k not in _LAUNCH)
-    launch = "".join(f", {k}={config[k]!r}" for k in _LAUNCH if k in config)
-    return f"triton.Config({{{kwargs}}}{launch})"
-
-
 def as_vllm_entry(config: Mapping[str, int], shape: Mapping[str, int]) -> str:
     """An entry of a vLLM tuned-config file (``{"<M>": {"BLOCK_SIZE_M": .., ...}}``): keyed by
     the batch dimension M, which is what vLLM looks up at run time."""
-    entry = {_VLLM_NAMES.get(k, k): v for k, v in config.items()}
+    entry = {VLLM_NAMES.get(k, k): v for k, v in config.items()}
     return json.dumps({str(shape.get("M", 0)): entry})
 
 
 def config_views(row: BestConfig) -> dict[str, str]:
-    return {"json": json.dumps(row.config, sort_keys=True), "triton": as_triton_config(row.config),
-            "vllm": as_vllm_entry(row.config, row.shape)}
+    """The copy formats of a stored config; the ``triton.Config`` one is ``tuner.config``'s
+    ``triton_config_text``, the one rendering the CLI uses too."""
+    return {"json": json.dumps(row.config, sort_keys=True),
+            "triton": triton_config_text(row.config), "vllm": as_vllm_entry(row.config, row.shape)}
 
 
 # -- pages --------------------------------------------------------------------------------------
@@ -155,15 +180,14 @@ def overview(request: Request, session: SessionDep) -> HTMLResponse:
     devices = repo.list_devices(session)
     jobs, total = repo.list_jobs(session, limit=10)
     counts = repo.count_jobs_by_status(session)
-    best_counts = dict(session.execute(select(BestConfig.kernel, func.count())
-                                       .group_by(BestConfig.kernel)).all())
+    best_counts = repo.count_best_by_kernel(session)
     kernels = []
     for name in kernel_names():
         k = get_kernel(name)
         kernels.append({"name": name, "version": k.version, "dtypes": list(k.dtypes),
                         "space_size": k.space().size(), "tuned": int(best_counts.get(name, 0)),
                         "description": getattr(k, "description", "")})
-    trial_count = session.scalar(select(func.count()).select_from(Trial)) or 0
+    trial_count = repo.count_trials(session)
     miss_counts = repo.count_misses_by_status(session)
     return _page(request, "overview.html", title="Overview", devices=devices, jobs=jobs,
                  jobs_total=total, counts=counts, kernels=kernels, trial_count=trial_count,
@@ -189,7 +213,8 @@ def jobs_page(request: Request, session: SessionDep, status: str | None = None,
 
 
 def job_progress(job: Job) -> dict[str, Any]:
-    """What the progress cells show; also the payload of a progress event."""
+    """What the progress cells show; also the payload of a progress event (a job page fetches
+    its numbers again whenever this changes)."""
     tasks = list(job.tasks)
     done = sum(t.trials_done for t in tasks)
     budget = job.budget_trials * len(tasks)
@@ -200,7 +225,8 @@ def job_progress(job: Job) -> dict[str, Any]:
             "tasks": len(tasks),
             "best_ms": min(bests) if len(tasks) == 1 and bests else None,
             "shapes": [{"id": t.id, "status": t.status, "trials_done": t.trials_done,
-                        "best_ms": t.best_ms} for t in tasks]}
+                        "best_ms": t.best_ms, "best_measured": t.best_measured,
+                        "baseline_ms": t.baseline_ms} for t in tasks]}
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -210,10 +236,44 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
     except repo.NotFound:
         return _page(request, "message.html", status_code=404, title="No such job",
                      message=f"There is no job {job_id!r}.", back="/jobs")
-    shapes = _shapes(session, job)
-    return _page(request, "job.html", title=f"Job {job.id[:8]}", job=job, shapes=shapes,
-                 progress=job_progress(job), active=job.status in ACTIVE,
-                 waiting=_waiting(session, job, request))
+    return _page(request, "job.html", title=f"Job {job.id[:8]}",
+                 **_job_context(session, job, request), outcome_names=list(OUTCOME_COLOURS))
+
+
+def _job_context(session: Session, job: Job, request: Request) -> dict[str, Any]:
+    """What the job page's parts are rendered from (the page, and its live refresh)."""
+    return {"job": job, "shapes": _shapes(session, job), "progress": job_progress(job),
+            "active": job.status in ACTIVE, "waiting": _waiting(session, job, request)}
+
+
+#: the parts of a job page that its live refresh renders again: the job's facts and progress,
+#: and per shape its headline and statistics, its fastest configs and failures, every trial
+JOB_PARTS = {"job": "_job_facts.html"}
+SHAPE_PARTS = {"head": "_shape_head.html", "top": "_shape_top.html",
+               "trials": "_trials_table.html"}
+
+
+@router.get("/jobs/{job_id}/live")
+def job_live(request: Request, job_id: str, session: SessionDep) -> dict[str, Any]:
+    """Everything on a job page that follows its trials, rendered by the same templates as the
+    page: the job's parts, each shape's parts and chart data (by task id), and the progress.
+    A running job's page swaps these in as trials arrive, so no number on it goes stale."""
+    try:
+        job = repo.get_job(session, job_id)
+    except repo.NotFound as exc:
+        raise HTTPException(404, f"no job {job_id!r}") from exc
+    context = _job_context(session, job, request)
+    settings: Settings = request.app.state.settings
+    context["auth"] = bool(settings.parsed_api_keys())
+
+    def render(template: str, **extra: Any) -> str:
+        return templates.get_template(template).render(**context, **extra)
+
+    return {"progress": context["progress"],
+            "parts": {name: render(t) for name, t in JOB_PARTS.items()},
+            "shapes": {str(s["task"].id): {
+                "parts": {name: render(t, s=s, t=s["task"]) for name, t in SHAPE_PARTS.items()},
+                "data": s["data"]} for s in context["shapes"]}}
 
 
 def _waiting(session: Session, job: Job, request: Request) -> str | None:
@@ -230,8 +290,7 @@ def _sig(x: float) -> float:
 
 @router.get("/jobs/{job_id}/charts")
 def job_charts(job_id: str, session: SessionDep) -> dict[str, Any]:
-    """The chart data of every shape of the job, by task id (a running job's page redraws
-    from it)."""
+    """The chart data of every shape of the job, by task id."""
     try:
         job = repo.get_job(session, job_id)
     except repo.NotFound as exc:
@@ -239,10 +298,56 @@ def job_charts(job_id: str, session: SessionDep) -> dict[str, Any]:
     return {str(s["task"].id): s["data"] for s in _shapes(session, job)}
 
 
+#: the CSV export's columns after the job, shape and trial number and the config's parameters
+CSV_COLUMNS = ("outcome", "ms", "measured", "trial_p20_ms", "trial_p50_ms", "trial_p80_ms",
+               "retimed_p20_ms", "retimed_p50_ms", "retimed_p80_ms", "tflops", "gbps",
+               "compile_s", "sm_mhz", "mem_mhz", "power_w", "temp_c", "throttle",
+               "throttle_reasons", "error")
+
+
+@router.get("/jobs/{job_id}/trials.csv")
+def job_trials_csv(job_id: str, session: SessionDep,
+                   task: int | None = Query(None, ge=0, le=2**31 - 1)) -> Response:
+    """Every trial of the job (or of one of its shapes, ``task``) as CSV, one row per trial:
+    the config's parameters, the outcome, ``ms`` (the config's one number: re-timed where it
+    was a finalist, else its trial p50; ``measured`` says which) and the TFLOP/s and GB/s of
+    that time, the trial's own and re-timed percentiles, the compile time and the GPU's clocks,
+    power, temperature and throttle reasons as the trial was timed."""
+    try:
+        job = repo.get_job(session, job_id)
+    except repo.NotFound as exc:
+        raise HTTPException(404, f"no job {job_id!r}") from exc
+    shapes = [s for s in _shapes(session, job) if task is None or s["task"].id == task]
+    if task is not None and not shapes:
+        raise HTTPException(404, f"job {job_id} has no task {task}")
+    names: list[str] = []
+    for s in shapes:
+        names += [n for n in s["names"] if n not in names]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["job_id", "task_id", "kernel", "dtype", "shape", "number", *names,
+                     *CSV_COLUMNS])
+    for s in shapes:
+        for t in s["trials"]:
+            writer.writerow([job.id, s["task"].id, job.kernel, job.dtype,
+                             shape_text(s["task"].shape), t.number,
+                             *(t.config.get(n, "") for n in names), *_csv_values(t, s["work"])])
+    return Response(out.getvalue(), media_type="text/csv; charset=utf-8", headers={
+        "Content-Disposition": f'attachment; filename="job-{job.id[:8]}-trials.csv"'})
+
+
+def _csv_values(t: TrialRow, work: Work) -> list[Any]:
+    values = [t.outcome, t.ms, t.measured, t.p20_ms, t.p50_ms, t.p80_ms, t.retimed_p20_ms,
+              t.retimed_p50_ms, t.retimed_p80_ms, work.tflops(t.ms), work.gbps(t.ms),
+              t.compile_s, t.sm_mhz, t.mem_mhz, t.power_w, t.temp_c, t.throttle,
+              " ".join(throttle_reasons(t.throttle)), t.error or ""]
+    return ["" if v is None else v for v in values]
+
+
 @dataclass(slots=True)
 class TrialRow:
     """A trial as the job page shows it: its own timing (``p*_ms``), a finalist's re-timing
-    (``retimed_*``) and the GPU's state as it was timed."""
+    (``retimed_*``), its compile time and the GPU's state as it was timed."""
 
     number: int
     config: dict[str, int]
@@ -251,6 +356,7 @@ class TrialRow:
     p50_ms: float | None
     p80_ms: float | None
     error: str | None
+    compile_s: float | None = None
     retimed_p20_ms: float | None = None
     retimed_p50_ms: float | None = None
     retimed_p80_ms: float | None = None
@@ -259,6 +365,18 @@ class TrialRow:
     power_w: float | None = None
     temp_c: int | None = None
     throttle: int | None = None
+
+    @property
+    def ms(self) -> float | None:
+        """The config's one number: its re-timed p50 where it was a finalist, else its trial
+        p50 (``measured`` says which); what the API's best_ms and the CLI report for it."""
+        return self.retimed_p50_ms if self.retimed_p50_ms is not None else self.p50_ms
+
+    @property
+    def measured(self) -> str | None:
+        if self.retimed_p50_ms is not None:
+            return "retimed"
+        return "trial" if self.p50_ms is not None else None
 
     @property
     def gpu_text(self) -> str:
@@ -275,23 +393,50 @@ class TrialRow:
         return " ".join(parts) or "-"
 
 
-def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
-    # columns, not ORM objects: a job page may hold thousands of trials
-    rows = session.execute(
-        select(Trial.task_id, Trial.number, Trial.config, Trial.outcome, Trial.p20_ms,
-               Trial.p50_ms, Trial.p80_ms, Trial.error, Trial.retimed_p20_ms,
-               Trial.retimed_p50_ms, Trial.retimed_p80_ms, Trial.sm_mhz, Trial.mem_mhz,
-               Trial.power_w, Trial.temp_c, Trial.throttle)
-        .where(Trial.task_id.in_([t.id for t in job.tasks]))
-        .order_by(Trial.task_id, Trial.number))
-    by_task: dict[int, list[TrialRow]] = defaultdict(list)
-    for r in rows:
-        by_task[r.task_id].append(TrialRow(*r[1:]))
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a shape asks of the device, as the kernel counts it: a time's TFLOP/s and GB/s
+    (None where the kernel gives no count, or there is no time)."""
+
+    flops: float
+    bytes: float
+
+    def tflops(self, ms: float | None) -> float | None:
+        return self.flops / (ms * 1e-3) / 1e12 if ms and self.flops else None
+
+    def gbps(self, ms: float | None) -> float | None:
+        return self.bytes / (ms * 1e-3) / 1e9 if ms and self.bytes else None
+
+
+def work_of(kernel: TunableKernel | None, shape: Mapping[str, int], dtype: str) -> Work:
+    if kernel is None:
+        return Work(0.0, 0.0)
     try:
-        space_names = list(get_kernel(job.kernel).space().names)
-    except Exception:  # noqa: BLE001 - a kernel no longer registered: use what the trials say
-        space_names = []
-    return [task_charts(task, by_task.get(task.id, []), space_names) for task in job.tasks]
+        return Work(float(kernel.flops(shape)), float(kernel.bytes(shape, dtype)))
+    except Exception:  # noqa: BLE001 - a user's kernel whose counts fail: show times only
+        return Work(0.0, 0.0)
+
+
+def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
+    by_task: dict[int, list[TrialRow]] = defaultdict(list)
+    for row in repo.trial_columns(session, [t.id for t in job.tasks]):
+        by_task[row.pop("task_id")].append(TrialRow(**row))
+    kernel = _registered(job.kernel)
+    space_names = list(kernel.space().names) if kernel is not None else []
+    devices: dict[str, Device | None] = {}
+    shapes = []
+    for task in job.tasks:
+        key = task.device_key or job.device_key
+        if key and key not in devices:
+            devices[key] = repo.get_device(session, key)
+        trials = by_task.get(task.id, [])
+        view = task_charts(task, trials, space_names)
+        work = work_of(kernel, task.shape, job.dtype)
+        view.update(trials=trials, work=work, names=view["data"]["names"],
+                    stats=shape_stats(task, trials, work, kernel, job.dtype,
+                                      devices.get(key) if key else None))
+        shapes.append(view)
+    return shapes
 
 
 def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dict[str, Any]:
@@ -359,8 +504,49 @@ def best_summary(task: Task) -> dict[str, Any]:
             "incumbent_ms": task.incumbent_ms, "note": task.best_note}
 
 
-def _config_short(config: Mapping[str, int]) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items())
+def shape_stats(task: Task, trials: Sequence[TrialRow], work: Work,
+                kernel: TunableKernel | None, dtype: str,
+                device: Device | None) -> dict[str, Any]:
+    """A shape's numbers a kernel engineer asks first, all of the task's best time (the
+    headline: re-timed once the finalists were): TFLOP/s and GB/s, the share of the roofline
+    floor it reaches (``tuner.roofline``, the floor the workers stop at), the baseline (torch)
+    and the ratio (only from the baseline timed beside the re-timed finalists), and the
+    compile times of the trials. ``*_note`` says why a number is missing."""
+    ms = task.best_ms
+    roof: Roofline | None = None
+    if kernel is not None and device is not None:
+        roof = roofline(kernel, task.shape, dtype, device.copy_gbps, device.matmul_tflops)
+    if roof is not None:
+        roof_note = None
+    elif device is None:
+        roof_note = "no device yet"
+    elif not (device.copy_gbps or device.matmul_tflops):
+        roof_note = "device not calibrated"
+    else:
+        roof_note = "the kernel counts no FLOPs or bytes"
+    ratio = task.vs_baseline
+    if ratio is not None:
+        baseline_note = None
+    elif task.baseline_ms is not None:
+        baseline_note = "no ratio: the best was not re-timed beside it"
+    elif task.status in ACTIVE:
+        baseline_note = "timed beside the finalists at the end"
+    else:
+        baseline_note = "not timed"
+    compiles = sorted(t.compile_s for t in trials if t.compile_s is not None)
+    return {
+        "ms": ms, "measured": task.best_measured,
+        "tflops": work.tflops(ms), "gbps": work.gbps(ms),
+        "floor_ms": roof.floor_ms if roof else None, "bound": roof.bound if roof else None,
+        "compute_applies": roof is not None and roof.compute_ms is not None,
+        "of_roof": roof.of_roof(ms) if roof else None, "roof_note": roof_note,
+        "baseline_name": task.baseline_name or "torch", "baseline_ms": task.baseline_ms,
+        "vs_baseline": ratio, "baseline_note": baseline_note,
+        "compiles": len(compiles),
+        "compile_median_s": statistics.median(compiles) if compiles else None,
+        "compile_max_s": compiles[-1] if compiles else None,
+        "compile_total_s": sum(compiles) if compiles else None,
+    }
 
 
 def importance(ok: Sequence[Any], names: Iterable[str]) -> list[dict[str, Any]]:
@@ -490,7 +676,7 @@ def roofline_point(r: BestConfig, d: Device) -> dict[str, Any] | None:
             "bound": roof.bound if roof is not None else None,
             # float32 and other dtypes without a calibrated peak: the bandwidth limit alone
             "compute_applies": roof is not None and roof.compute_ms is not None,
-            "config": _config_short(r.config)}
+            "config": config_short(r.config)}
 
 
 def _registered(name: str) -> TunableKernel | None:
@@ -568,15 +754,7 @@ def progress_snapshot(session: Session, ids: Sequence[str],
                       active: bool = False) -> list[dict[str, Any]]:
     """Progress of the given jobs (those that exist) and, with ``active``, of every queued or
     running job (the newest 200), newest first."""
-    jobs: dict[str, Job] = {}
-    if ids:
-        jobs.update((j.id, j) for j in session.scalars(select(Job).where(Job.id.in_(ids))))
-    if active:
-        jobs.update((j.id, j) for j in session.scalars(
-            select(Job).where(Job.status.in_(ACTIVE)).order_by(Job.created_at.desc())
-            .limit(200)))
-    ordered = sorted(jobs.values(), key=lambda j: (j.created_at, j.id), reverse=True)
-    return [job_progress(j) for j in ordered]
+    return [job_progress(j) for j in repo.jobs_for_progress(session, ids, active=active)]
 
 
 @router.get("/events/jobs")

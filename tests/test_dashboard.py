@@ -15,11 +15,12 @@ import triton
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.dashboard import as_triton_config, as_vllm_entry, importance, parcoords
+from api.dashboard import as_vllm_entry, importance, parcoords
 from db import repo
 from db.engine import init_db
 from db.models import Trial
 from tests.api_support import GPU, JOB, run_worker_once, store
+from tuner.config import triton_config_text
 from tuner.settings import Settings
 
 
@@ -202,7 +203,7 @@ def test_configs_page_filters_on_the_server_and_renders_three_copy_formats(api_c
 def test_config_renderings():
     config = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4,
               "num_stages": 3}
-    c = eval(as_triton_config(config), {"triton": triton})  # noqa: S307
+    c = eval(triton_config_text(config), {"triton": triton})  # noqa: S307
     assert c.kwargs == {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}
     assert (c.num_warps, c.num_stages) == (4, 3)
     assert json.loads(as_vllm_entry(config, {"M": 16, "N": 4096, "K": 4096})) == {

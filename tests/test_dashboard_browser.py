@@ -151,6 +151,7 @@ def test_a_running_jobs_page_redraws_its_charts_as_trials_arrive(page, service):
 def test_cancel_from_the_jobs_page(page, service):
     job_id = _submit(service, trials=200, shape={"M": 48, "N": 16, "K": 16})
     page.goto("/jobs")
+    page.once("dialog", lambda dialog: dialog.accept())
     page.locator(f'button[data-cancel="{job_id}"]').click()
     page.wait_for_function(
         "id => document.querySelector(`tr[data-job='${id}'] [data-field=status]`)"

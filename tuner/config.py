@@ -95,8 +95,18 @@ class KernelConfig(Mapping[str, int]):
         return triton.Config(self.meta, num_warps=self.num_warps, num_stages=self.num_stages)
 
     def triton_repr(self) -> str:
-        meta = ", ".join(f"{k!r}: {v}" for k, v in self.meta.items())
-        return (
-            f"triton.Config({{{meta}}}, num_warps={self.num_warps}, "
-            f"num_stages={self.num_stages})"
-        )
+        """``triton.Config({...}, num_warps=.., num_stages=..)`` (``triton_config_text``)."""
+        return triton_config_text(self)
+
+
+def triton_config_text(config: Mapping[str, int]) -> str:
+    """The one rendering of a config as a ``triton.Config`` expression, pasteable into
+    ``@triton.autotune(configs=[...])`` (the dashboard's copy buttons, ``triton_repr``): the
+    constexprs as a dict, then the launch options as keywords. ``num_warps`` and ``num_stages``
+    are always given, with the defaults the config was launched with (``to_triton``) where it
+    does not name them, so the pasted config runs as the measured one did."""
+    meta = ", ".join(f"{k!r}: {v!r}" for k, v in config.items() if k not in LAUNCH_OPTIONS)
+    launch = {"num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 3)}
+    launch.update((k, config[k]) for k in LAUNCH_OPTIONS if k in config)
+    keywords = "".join(f", {k}={v!r}" for k, v in launch.items())
+    return f"triton.Config({{{meta}}}{keywords})"

@@ -8,15 +8,33 @@
     plot_bgcolor: "#fff", hovermode: "closest" };
   const layout = function (extra) { return Object.assign({}, BASE, extra); };
 
+  // A chart with nothing to draw yet shows a line of text in its box, in the page's flow; the
+  // plot (if one was drawn before) is purged first and the text removed before plotting again,
+  // so neither the text nor a stale plot spills over what follows.
+  function placeholder(el, text) {
+    Plotly.purge(el);
+    el.innerHTML = "";
+    const p = document.createElement("p");
+    p.className = "muted chart-empty";
+    p.textContent = text;
+    el.appendChild(p);
+  }
+
+  function plot(el, traces, lay) {
+    const empty = el.querySelector(".chart-empty");
+    if (empty) empty.remove();
+    Plotly.react(el, traces, lay, CONFIG);
+  }
+
   function bestSoFar(el, d) {
     // the curve is of trial timings; the task's best (re-timed once the finalists were) is its own point
     const traces = [{ x: d.numbers, y: d.best, mode: "lines+markers", line: { shape: "hv", color: "#2b7bba" },
       marker: { size: 4 }, name: "best trial time so far", connectgaps: true }];
     if (d.final) traces.push({ x: [d.final.x], y: [d.final.ms], mode: "markers", marker: { size: 10, color: "#d7301f", symbol: "diamond" },
       name: d.final.measured === "retimed" ? "best, re-timed" : "best (trial time)" });
-    Plotly.react(el, traces,
+    plot(el, traces,
       layout({ title: { text: "Best trial time so far (ms)" }, xaxis: { title: { text: "trial" } },
-        yaxis: { title: { text: "ms" }, type: "log" }, showlegend: !!d.final, legend: { orientation: "h", y: -0.2 } }), CONFIG);
+        yaxis: { title: { text: "ms" }, type: "log" }, showlegend: !!d.final, legend: { orientation: "h", y: -0.2 } }));
   }
 
   function trials(el, d) {
@@ -33,24 +51,24 @@
         mode: "markers", type: "scatter", hovertemplate: "#%{x}: %{text}<extra>" + outcome + "</extra>",
         marker: { color: d.colours[outcome] || "#444", size: failed ? 8 : 6, symbol: failed ? "x" : "circle" } };
     });
-    Plotly.react(el, traces, layout({ title: { text: "Every trial by outcome (failures on top)" },
+    plot(el, traces, layout({ title: { text: "Every trial by outcome (failures on top)" },
       xaxis: { title: { text: "trial" } }, yaxis: { title: { text: "p50 ms" }, type: "log" },
-      legend: { orientation: "h", y: -0.25 } }), CONFIG);
+      legend: { orientation: "h", y: -0.25 } }));
   }
 
   function importance(el, d) {
     const rows = d.importance.slice().reverse();
-    if (!rows.length) { el.innerHTML = "<p class='muted'>Parameter importance needs 3 successful trials.</p>"; return; }
-    Plotly.react(el, [{ type: "bar", orientation: "h", x: rows.map(function (r) { return r.share; }),
+    if (!rows.length) { placeholder(el, "Parameter importance needs 3 successful trials."); return; }
+    plot(el, [{ type: "bar", orientation: "h", x: rows.map(function (r) { return r.share; }),
       y: rows.map(function (r) { return r.param; }), marker: { color: "#4a9c7a" },
       hovertemplate: "%{y}: %{x:.0%} of the variance<extra></extra>" }],
       layout({ title: { text: "Parameter importance (share of log-time variance)" },
-        xaxis: { range: [0, 1], tickformat: ".0%" }, margin: { l: 100, r: 20, t: 40, b: 40 } }), CONFIG);
+        xaxis: { range: [0, 1], tickformat: ".0%" }, margin: { l: 100, r: 20, t: 40, b: 40 } }));
   }
 
   function parcoords(el, d) {
     const p = d.parcoords;
-    if (!p.rows.length) { el.innerHTML = "<p class='muted'>No successful trial to draw yet.</p>"; return; }
+    if (!p.rows.length) { placeholder(el, "No successful trial to draw yet."); return; }
     const n = p.axes.length;
     const bins = 5;
     const colours = ["#1a9850", "#91cf60", "#fee08b", "#fc8d59", "#d73027"];
@@ -73,11 +91,11 @@
         annotations.push({ x: a, y: pos, text: String(v), showarrow: false, xanchor: "left", xshift: 4, font: { size: 10, color: "#333" } });
       });
     });
-    Plotly.react(el, traces, layout({ title: { text: "Configs tried (the " + p.rows.length + " fastest), one line each" },
+    plot(el, traces, layout({ title: { text: "Configs tried (the " + p.rows.length + " fastest), one line each" },
       xaxis: { tickvals: p.axes.map(function (_, i) { return i; }), ticktext: p.axes.map(function (a) { return a.name; }),
         showgrid: true, gridcolor: "#999", zeroline: false, range: [-0.2, n - 0.6] },
       yaxis: { showticklabels: false, showgrid: false, zeroline: false, range: [-0.05, 1.05] },
-      annotations: annotations, legend: { orientation: "h", y: -0.15 } }), CONFIG);
+      annotations: annotations, legend: { orientation: "h", y: -0.15 } }));
   }
 
   function roofline(el, data) {
@@ -103,8 +121,8 @@
         text: g.map(function (p) { return p.shape + (p.of_roof ? " · " + Math.round(p.of_roof * 100) + "% of roof" : "") + "<br>" + p.config; }),
         hovertemplate: "%{text}<br>%{x:.1f} FLOP/B, %{y:.1f} TFLOP/s<extra>" + name + "</extra>" });
     });
-    Plotly.react(el, traces, layout({ title: { text: data.device }, xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP/byte)" } },
-      yaxis: { type: "log", title: { text: "TFLOP/s" } }, legend: { orientation: "h", y: -0.2 } }), CONFIG);
+    plot(el, traces, layout({ title: { text: data.device }, xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP/byte)" } },
+      yaxis: { type: "log", title: { text: "TFLOP/s" } }, legend: { orientation: "h", y: -0.2 } }));
   }
 
   function draw(box, d) {
@@ -117,15 +135,9 @@
   document.querySelectorAll("[data-charts]").forEach(function (box) {
     draw(box, JSON.parse(document.getElementById("chart-data-" + box.dataset.charts).textContent));
   });
-  // a running job's page redraws its charts as trials arrive (dashboard.js calls this)
-  window.tunerRedraw = function (jobId) {
-    return fetch("/jobs/" + jobId + "/charts").then(function (r) { return r.json(); }).then(function (all) {
-      document.querySelectorAll("[data-charts]").forEach(function (box) {
-        const d = all[box.dataset.charts];
-        if (d) draw(box, d);
-      });
-    });
-  };
+  // a running job's page redraws a shape's charts with the data of each live refresh
+  // (dashboard.js calls this)
+  window.tunerDraw = draw;
   document.querySelectorAll("script.roofline-data").forEach(function (s) {
     roofline(document.getElementById(s.dataset.target), JSON.parse(s.textContent));
   });

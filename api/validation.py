@@ -15,7 +15,11 @@ from urllib.parse import parse_qsl
 from starlette.responses import JSONResponse
 
 from search_spaces import get_kernel
-from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
+
+# the dtype checks' home is tuner.dtypes; check_dtype is imported from here by the routes
+from tuner.dtypes import check_dtype as check_dtype
+from tuner.dtypes import check_interpreter_dtype
+from tuner.errors import InvalidRequest, InvalidShape
 from tuner.kernel import TunableKernel
 from tuner.shapes import validate_shape
 from tuner.strategies import strategy_names
@@ -32,21 +36,14 @@ def kernel_or_error(name: str, field: str = "kernel") -> TunableKernel:
         raise
 
 
-def check_dtype(kernel: TunableKernel, dtype: str, field: str = "dtype") -> None:
-    if dtype not in kernel.dtypes:
-        raise UnsupportedDtype(f"dtype {dtype!r} is not supported by {kernel.name}; choose one "
-                               f"of {', '.join(kernel.dtypes)}", field=field)
-
-
-def check_interpreter_dtype(kernel: TunableKernel, dtype: str, only_interpreter: bool) -> None:
+def check_job_interpreter_dtype(kernel: TunableKernel, dtype: str,
+                                only_interpreter: bool) -> None:
     """A job only the CPU interpreter can run (it asks for it, or the only live workers are
     interpreter workers) cannot verify dtypes the interpreter computes wrongly (it would only
     fail on the worker, minutes later)."""
-    if only_interpreter and dtype in kernel.interpreter_unsupported_dtypes:
-        raise UnsupportedDtype(f"dtype {dtype!r} cannot be checked on the Triton CPU "
-                               "interpreter (it computes it wrongly), the only backend that can "
-                               "run this job here; target a GPU or use another dtype",
-                               field="dtype")
+    if only_interpreter:
+        check_interpreter_dtype(kernel, dtype, where=", the only backend that can run this job "
+                                "here", advice="target a GPU or use another dtype")
 
 
 def check_shape(kernel: TunableKernel, shape: Mapping[str, Any], field: str) -> dict[str, int]:

@@ -3,7 +3,6 @@ machines; migrations applied programmatically with Alembic (no alembic.ini at ru
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+# ``sqlite:///<data dir>/tuner.db`` ($TUNER_DATA_DIR, else ./data): spelled in tuner.settings,
+# where the service's settings read the environment; db itself takes explicit URLs
+from tuner.settings import default_database_url as default_database_url
+
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 #: seconds a SQLite connection waits for another writer before "database is locked"
 SQLITE_BUSY_TIMEOUT_S = 30
-
-
-def default_database_url() -> str:
-    """``sqlite:///<data dir>/tuner.db``; the data dir is ``$TUNER_DATA_DIR`` or ``./data``.
-    The one place in ``db`` that reads the environment; everything else takes explicit URLs."""
-    data_dir = Path(os.environ.get("TUNER_DATA_DIR") or "data").expanduser().resolve()
-    return f"sqlite:///{data_dir / 'tuner.db'}"
 
 
 def normalise_url(url: str) -> str:

@@ -29,9 +29,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-#: Lifecycle of jobs and tasks: queued -> running -> succeeded | failed | cancelled.
-ACTIVE = ("queued", "running")
-TERMINAL = ("succeeded", "failed", "cancelled")
+# the lifecycle of jobs and tasks (queued -> running -> succeeded | failed | cancelled) has its
+# home in tuner.lifecycle; imported here for the modules that read it from the models
+from tuner.lifecycle import ACTIVE as ACTIVE
+from tuner.lifecycle import TERMINAL as TERMINAL
+
 #: what a worker is doing (``workers.status``)
 WORKER_STATUSES = ("starting", "idle", "busy", "unhealthy", "stopped")
 
@@ -41,7 +43,7 @@ MEASURED = ("trial", "retimed")
 
 #: the WHERE clause of the partial unique index on ``jobs.request_key``: at most one queued or
 #: running job per request key (identical submissions share it; finished jobs do not count)
-ACTIVE_JOB_WHERE = "status IN ('queued', 'running')"
+ACTIVE_JOB_WHERE = f"status IN ({', '.join(repr(s) for s in ACTIVE)})"
 
 
 def vs_baseline(best_ms: float | None, best_measured: str | None,

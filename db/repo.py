@@ -68,8 +68,9 @@ from db.models import (
     WorkerRow,
     utcnow,
 )
+from tuner.config import config_key
 from tuner.identity import same_triton_minor
-from tuner.shapes import shape_key
+from tuner.shapes import log_distance, log_shape, shape_distance, shape_key
 
 #: how many claim candidates SQLite tries per query (several workers may race for the first)
 _SQLITE_CLAIM_CANDIDATES = 8
@@ -704,7 +705,7 @@ def record_retimed(session: Session, task_id: int,
             continue
         written += _rowcount(session.execute(
             update(Trial).where(Trial.task_id == task_id,
-                                Trial.config_key == _config_key(m["config"]))
+                                Trial.config_key == config_key(m["config"]))
             .values(retimed_p20_ms=m.get("p20_ms"), retimed_p50_ms=m["p50_ms"],
                     retimed_p80_ms=m.get("p80_ms"))
             .execution_options(synchronize_session=False)))
@@ -737,7 +738,7 @@ def record_trial(session: Session, task_id: int, number: int,
             raise LeaseLost(f"task {task_id} is no longer leased to worker {worker_id}: "
                             f"trial {number} not stored")
         raise NotFound(f"no task {task_id}")
-    trial = Trial(task_id=task_id, number=number, config=config, config_key=_config_key(config),
+    trial = Trial(task_id=task_id, number=number, config=config, config_key=config_key(config),
                   outcome=outcome, p20_ms=measurement.get("p20_ms"), p50_ms=p50_ms,
                   p80_ms=measurement.get("p80_ms"), error=measurement.get("error"),
                   compile_s=measurement.get("compile_s"),
@@ -746,11 +747,6 @@ def record_trial(session: Session, task_id: int, number: int,
     session.add(trial)
     session.flush()
     return trial
-
-
-def _config_key(config: Mapping[str, Any]) -> str:
-    """Same as ``KernelConfig.key()``: sorted name=value pairs."""
-    return ",".join(f"{k}={config[k]}" for k in sorted(config))
 
 
 #: the GPU state a measurement carries (``extra["gpu"]``) -> the trial's column and its type
@@ -908,13 +904,6 @@ def list_best(session: Session, kernel: str | None = None, device_key: str | Non
     return list(session.scalars(_best_query(kernel, device_key, dtype).order_by(*order)))
 
 
-def shape_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
-    """Euclidean distance over log2 of each dimension (2x in one dimension counts 1); a
-    dimension missing from one shape counts as 1 there."""
-    return math.sqrt(sum((math.log2(max(1, a.get(k, 1))) - math.log2(max(1, b.get(k, 1)))) ** 2
-                         for k in {*a, *b}))
-
-
 def nearest_best(session: Session, *, device_key: str, kernel: str, dtype: str,
                  shape: Mapping[str, int], kernel_version: str | None = None
                  ) -> tuple[BestConfig, float] | None:
@@ -974,10 +963,6 @@ class Served:
     distance: float
 
 
-def _log_shape(shape: Mapping[str, int]) -> dict[str, float]:
-    return {k: math.log2(max(1, v)) for k, v in shape.items()}
-
-
 def serving_candidates(session: Session, *, kernel: str, kernel_version: str,
                        dtype: str) -> list[Candidate]:
     """Every stored best of that kernel source version and dtype, on any device. A config of
@@ -987,7 +972,7 @@ def serving_candidates(session: Session, *, kernel: str, kernel_version: str,
         .where(BestConfig.kernel == kernel, BestConfig.kernel_version == kernel_version,
                BestConfig.dtype == dtype).order_by(BestConfig.id))
     return [Candidate(row, kind, row.device_key, row.shape_key, row.triton_version,
-                      _log_shape(row.shape), row.updated_at.timestamp()) for row, kind in rows]
+                      log_shape(row.shape), row.updated_at.timestamp()) for row, kind in rows]
 
 
 def serve_best(candidates: Iterable[Candidate], *, shape: Mapping[str, int],
@@ -1000,7 +985,7 @@ def serve_best(candidates: Iterable[Candidate], *, shape: Mapping[str, int],
     ``device_key`` only ``other-device`` can match (the caller's GPU is unknown); without
     ``triton_version`` every Triton version counts as the caller's."""
     candidates = list(candidates)
-    key, logs = shape_key(shape), _log_shape(shape)
+    key, logs = shape_key(shape), log_shape(shape)
     if device_key:
         mine = [c for c in candidates if c.device_key == device_key]
         same = [c for c in mine if same_triton_minor(c.triton_version, triton_version)]
@@ -1021,8 +1006,7 @@ def _closest(candidates: Sequence[Candidate], key: str, logs: Mapping[str, float
     minor, then of its very version, then the most recently updated; with its distance
     (``shape_distance``: a dimension missing from one shape counts as 1 there)."""
     def distance(c: Candidate) -> float:
-        return math.sqrt(sum((c.log_shape.get(d, 0.0) - logs.get(d, 0.0)) ** 2
-                             for d in {*c.log_shape, *logs}))
+        return log_distance(c.log_shape, logs)
 
     def rank(c: Candidate) -> tuple[float, bool, bool, bool, float, int]:
         return (distance(c), c.shape_key != key,

@@ -10,7 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InvalidRequest, InvalidShape, UnsupportedDtype
+from tuner.dtypes import check_dtype, check_interpreter_dtype
+from tuner.errors import InvalidRequest, InvalidShape
 from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 from tuner.shapes import parse_shape, shape_label, validate_shape
@@ -33,16 +34,6 @@ def _session_factory(settings: Settings) -> Any:
     from db.engine import init_db
 
     return init_db(settings.resolved_database_url)
-
-
-def check_dtype(kernel: TunableKernel, dtype: str, backend: str) -> None:
-    if dtype not in kernel.dtypes:
-        raise UnsupportedDtype(f"dtype {dtype!r} is not supported by {kernel.name}; choose one "
-                               f"of {', '.join(kernel.dtypes)}", field="dtype")
-    if backend == "interpret" and dtype in kernel.interpreter_unsupported_dtypes:
-        raise UnsupportedDtype(f"dtype {dtype!r} cannot be checked on the interpret backend "
-                               "(Triton's CPU interpreter computes it wrongly); use a GPU or "
-                               "another dtype", field="dtype")
 
 
 def check_strategy(name: str) -> None:
@@ -83,7 +74,9 @@ def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], 
                              f"{table.dtype}; the run asks for {shape_label(shape)} {dtype}",
                              field="replay")
     backend = resolve_backend_kind(backend)
-    check_dtype(kernel, dtype, backend)
+    check_dtype(kernel, dtype)
+    if backend == "interpret":
+        check_interpreter_dtype(kernel, dtype)
     return kernel, shape, dtype, backend, table
 
 

@@ -34,11 +34,11 @@ import httpx
 
 from tuner.config import KernelConfig
 from tuner.identity import local_device_key, local_triton_version
+from tuner.lifecycle import TERMINAL
 from tuner.shapes import shape_key
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 #: ``device=AUTO``: detect this process's device on the first lookup
 AUTO = "auto"
 

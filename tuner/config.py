@@ -10,6 +10,13 @@ from typing import Any
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
+def config_key(config: Mapping[str, int]) -> str:
+    """The string identity of a config, ``BLOCK_K=32,BLOCK_M=64,...,num_warps=4`` (sorted
+    name=value pairs): the one spelling of ``KernelConfig.key()`` and of the store's
+    ``trials.config_key``, so a config is found again whichever wrote it."""
+    return ",".join(f"{k}={config[k]}" for k in sorted(config))
+
+
 class KernelConfig(Mapping[str, int]):
     """A frozen, hashable mapping of parameter name to value.
 
@@ -86,7 +93,7 @@ class KernelConfig(Mapping[str, int]):
 
     def key(self) -> str:
         """A short, stable string identity (used in the database and in logs)."""
-        return ",".join(f"{k}={v}" for k, v in self._items)
+        return config_key(self)
 
     def to_triton(self) -> Any:
         """The one place a ``triton.Config`` is built."""

@@ -1,12 +1,17 @@
-"""The one home of the dtypes the tuner names: their element sizes, their torch dtypes, and the
-power-of-two rounding every kernel's space uses. Importing this module does not import torch."""
+"""The one home of the dtypes the tuner names: their element sizes, their torch dtypes, the
+checks of a requested dtype against a kernel (and the interpreter), and the power-of-two
+rounding every kernel's space uses. Importing this module does not import torch."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuner.errors import UnsupportedDtype
+
 if TYPE_CHECKING:
     import torch
+
+    from tuner.kernel import TunableKernel
 
 #: bytes per element of each dtype name the tuner knows
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -31,3 +36,23 @@ def torch_dtype(dtype: str) -> torch.dtype:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, (n - 1).bit_length())
+
+
+def check_dtype(kernel: TunableKernel, dtype: str, field: str = "dtype") -> None:
+    """UnsupportedDtype naming ``field`` unless ``kernel`` takes ``dtype`` (the API's job and
+    config requests, ``tuner tune``)."""
+    if dtype not in kernel.dtypes:
+        raise UnsupportedDtype(f"dtype {dtype!r} is not supported by {kernel.name}; choose one "
+                               f"of {', '.join(kernel.dtypes)}", field=field)
+
+
+def check_interpreter_dtype(kernel: TunableKernel, dtype: str, where: str = "",
+                            advice: str = "use a GPU or another dtype") -> None:
+    """UnsupportedDtype for a run only the Triton CPU interpreter will make of a dtype it
+    computes wrongly (bf16 ``tl.dot``): its outputs could not be verified, and the run would
+    only fail later. ``where`` and ``advice`` say why only the interpreter can run it and what
+    to do instead."""
+    if dtype in kernel.interpreter_unsupported_dtypes:
+        raise UnsupportedDtype(f"dtype {dtype!r} cannot be checked on the interpret backend "
+                               f"(Triton's CPU interpreter computes it wrongly){where}; {advice}",
+                               field="dtype")

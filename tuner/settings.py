@@ -14,7 +14,26 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def default_data_dir() -> Path:
-    return Path(os.environ.get("TUNER_DATA_DIR", "data")).resolve()
+    """``$TUNER_DATA_DIR``, else ``./data`` (absolute)."""
+    return data_dir_path(os.environ.get("TUNER_DATA_DIR") or "data")
+
+
+def data_dir_path(path: str | Path) -> Path:
+    """A data folder as given (``~`` expanded), made absolute."""
+    return Path(path).expanduser().resolve()
+
+
+def sqlite_database_url(data_dir: Path) -> str:
+    """The embedded database of a data folder: ``sqlite:///<data_dir>/tuner.db``. The one
+    spelling of the default database (``Settings.resolved_database_url``,
+    ``db.engine.default_database_url``)."""
+    return f"sqlite:///{data_dir / 'tuner.db'}"
+
+
+def default_database_url() -> str:
+    """The database used when ``TUNER_DATABASE_URL`` is not set: the SQLite file in the
+    default data folder."""
+    return sqlite_database_url(default_data_dir())
 
 
 class Settings(BaseSettings):
@@ -66,6 +85,12 @@ class Settings(BaseSettings):
     #: estimated to take longer than this many seconds (``api/validation.py``)
     interpreter_trial_limit_s: float = Field(default=600.0, gt=0)
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _absolute_data_dir(cls, value: str | Path) -> Path:
+        # TUNER_DATA_DIR set to "" means the default, as default_data_dir reads it
+        return data_dir_path(value) if str(value) else default_data_dir()
+
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
@@ -88,9 +113,7 @@ class Settings(BaseSettings):
 
     @property
     def resolved_database_url(self) -> str:
-        if self.database_url:
-            return self.database_url
-        return f"sqlite:///{self.data_dir / 'tuner.db'}"
+        return self.database_url or sqlite_database_url(self.data_dir)
 
     def parsed_api_keys(self) -> dict[str, str]:
         """key -> "rw" | "ro"."""

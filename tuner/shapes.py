@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,3 +67,21 @@ def shape_key(shape: Mapping[str, int]) -> str:
 
 def shape_label(shape: Mapping[str, int]) -> str:
     return "x".join(str(v) for v in shape.values())
+
+
+def log_shape(shape: Mapping[str, int]) -> dict[str, float]:
+    """log2 of each dimension (at least 1): the terms of ``shape_distance``, computed once for
+    shapes compared many times."""
+    return {k: math.log2(max(1, v)) for k, v in shape.items()}
+
+
+def log_distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """``shape_distance`` of two ``log_shape`` results."""
+    return math.sqrt(sum((a.get(k, 0.0) - b.get(k, 0.0)) ** 2 for k in {*a, *b}))
+
+
+def shape_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
+    """How far apart two shapes are: the Euclidean distance over log2 of each dimension (2x in
+    one dimension counts 1); a dimension missing from one shape counts as 1 there. The one
+    measure of "nearest shape" (serving the nearest tuned config, warm-starting a search)."""
+    return log_distance(log_shape(a), log_shape(b))

@@ -32,7 +32,7 @@ from tuner.measurement import Measurement, Outcome
 from tuner.roofline import floor_ms as roofline_floor_ms
 from tuner.search import SearchOptions, SearchResult, run_search
 from tuner.settings import Settings
-from tuner.shapes import shape_key
+from tuner.shapes import shape_distance, shape_key
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,7 @@ def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str,
     configs: list[KernelConfig] = []
     rows = repo.list_best(session, kernel=kernel.name, dtype=dtype)
     here = [r for r in rows if r.device_key == device_key and r.kernel_version == kernel.version]
-
-    def distance(row: Any) -> float:
-        return math.sqrt(sum((math.log2(row.shape.get(k, 1)) - math.log2(v)) ** 2
-                             for k, v in shape.items()))
-
-    for row in sorted(here, key=distance)[:3]:
+    for row in sorted(here, key=lambda r: shape_distance(r.shape, shape))[:3]:
         configs.append(KernelConfig(row.config))
     key = shape_key(shape)
     configs += [KernelConfig(r.config) for r in rows

@@ -25,8 +25,8 @@ from api.validation import (
     INTERPRETER_KEY,
     check_dtype,
     check_fits_gpu,
-    check_interpreter_dtype,
     check_interpreter_size,
+    check_job_interpreter_dtype,
     check_shape,
     check_strategy,
     kernel_or_error,
@@ -121,7 +121,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     kernel = kernel_or_error(body.kernel)
     check_dtype(kernel, body.dtype)
     interpreter = only_interpreter(session, body, settings)
-    check_interpreter_dtype(kernel, body.dtype, interpreter)
+    check_job_interpreter_dtype(kernel, body.dtype, interpreter)
     check_strategy(body.strategy)
     if body.budget.trials > settings.max_trials:
         raise InvalidRequest(f"budget.trials {body.budget.trials} is above this service's "

@@ -206,13 +206,25 @@ def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
+#: 32-bit registers of an SM, shared by the threads of the programs it runs
+REGISTERS_PER_SM = 65536
+
+
+def thread_registers(warps: int) -> int:
+    """The most registers a thread of a ``warps``-warp program can have: 255, or fewer when
+    the program's threads would not fit the register file (16 warps: 128)."""
+    return min(255, REGISTERS_PER_SM // (32 * warps))
+
+
 def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
     """The fp32 accumulator (BLOCK_M x BLOCK_D) and scores (BLOCK_M x BLOCK_N) live in
-    registers together: 256 or more per thread spill (a thread has 255)."""
+    registers together: as many as a thread can have, or more, spill."""
     bm, warps = config["BLOCK_M"], config["num_warps"]
     regs = bm * (block_d(ctx.shape["D"]) + config["BLOCK_N"]) // (32 * warps)
-    if regs >= 256:
-        return f"the accumulator and scores need {regs} registers per thread (a thread has 255)"
+    limit = thread_registers(warps)
+    if regs >= limit:
+        return (f"the accumulator and scores need {regs} registers per thread (a thread of "
+                f"{warps} warps has {limit})")
     return None
 
 
@@ -238,16 +250,27 @@ def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
 #: BLOCK_M 128, 8 warps and 3-4 stages for D=128; 4 or 8 warps for D=64), most likely first
 _KNOWN_GOOD = {
     "wide": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
-             (128, 32, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3),
-             (256, 64, 16, 2)],
+             (128, 32, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3)],
     "narrow": [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 4, 3),
                (128, 64, 4, 4), (128, 128, 8, 4), (64, 64, 4, 3), (64, 128, 4, 3),
                (128, 32, 4, 4)],
 }
 _PARAMS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
+#: scores the reference materialises at once (fp32: 512 MiB)
+REFERENCE_CHUNK = 1 << 27
+
 #: exp2 per SM per second: the 16 special-function lanes of an SM at ~1.8 GHz
 EXP_RATE = 2.9e10
+#: fp32 operations per SM per second: 128 lanes at ~1.8 GHz
+ALU_RATE = 2.3e11
+#: fp32 operations per score besides its exp2 (scale, max, subtract, sum, convert), and per
+#: accumulator element per key block (the rescale)
+SCORE_OPS, RESCALE_OPS = 5, 1
+#: one key block's dependency chain in one program, s: the scores' MMA must finish before the
+#: row max, the probabilities before the second MMA (~700 cycles that other programs on the
+#: SM can fill, but not the program's own work)
+STEP_CHAIN_S = 0.4e-6
 
 
 def _alike_mod16(d: int) -> int:
@@ -347,13 +370,13 @@ class FlashAttentionKernel:
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
         """softmax(q k^T / sqrt(D)) v in fp32, written out (not SDPA): scores materialised a
-        chunk of (head, query rows) at a time, at most 2**27 of them (512 MiB)."""
+        chunk of (heads, query rows) at a time, at most ``REFERENCE_CHUNK`` of them."""
         q, k, v = (inputs[n].float() for n in ("q", "k", "v"))
         B, H, S, D = q.shape
         q, k, v = (t.reshape(B * H, S, D) for t in (q, k, v))
         out = torch.empty_like(q)
-        rows = min(S, max(1, (1 << 27) // S))
-        heads = max(1, (1 << 27) // (rows * S))
+        rows = min(S, max(1, REFERENCE_CHUNK // S))
+        heads = max(1, REFERENCE_CHUNK // (rows * S))
         keys = torch.arange(S, device=q.device)
         for h in range(0, B * H, heads):
             for r in range(0, S, rows):
@@ -409,10 +432,12 @@ def _key_steps(S: int, bm: int, bn: int, causal: bool) -> tuple[float, int]:
 def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float:
     """Estimated run time in seconds, a ranking score in the manner of the GEMM cost model
     (``tuner/strategies/cost_model.py``, whose H200 constants it uses): one key block of one
-    program costs its two dots on the tensor cores and its exponentials on the special
-    function units (the two overlap only across programs sharing an SM), pulling its K and V
+    program costs its two dots on the tensor cores and its softmax (exponentials on the
+    special function units, fp32 arithmetic; it overlaps the dots only across warp groups
+    sharing an SM), pulling its K and V
     tiles through L2, and the memory latency the stages do not hide; programs run in waves of
-    SMs x resident programs (shared memory, registers, threads); spills cost extra."""
+    SMs x resident programs (shared memory, registers, threads); spills cost extra. A
+    warp group's key blocks are a chain (MMA, softmax, MMA): small blocks pay its latency."""
     from tuner.strategies import cost_model as cm  # imported here: measuring children never rank
 
     B, H, S, D = (ctx.shape[n] for n in ("B", "H", "S", "D"))
@@ -423,7 +448,8 @@ def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float
     smem = max(1, shared_memory(config, D, e))
     live = bm * (d + bn) / (32 * warps)  # fp32 accumulator and scores per thread
     want = live + bm * bn * e / 4 / (32 * warps) + 32  # + probabilities, addresses
-    regs = min(255.0, want)
+    limit = thread_registers(warps)
+    regs = min(float(limit), want)
     occ = max(1, min(cm.SMEM_PER_SM // smem, cm.REGISTERS_PER_SM // int(regs * 32 * warps),
                      cm.THREADS_PER_SM // (32 * warps), 32))
     programs = triton.cdiv(S, bm) * B * H
@@ -432,16 +458,22 @@ def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float
 
     eff = cm.WARP_EFFICIENCY.get(warps, 0.8)
     t_mma = 4.0 * bm * bn * d * per_sm / (cm.SM_FLOPS * eff)
-    t_exp = bm * bn * per_sm / EXP_RATE
-    overlap = 0.5 if per_sm > 1 else 0.0
-    t_compute = max(t_mma, t_exp) + (1.0 - overlap) * min(t_mma, t_exp)
+    t_softmax = per_sm * (bm * bn / EXP_RATE
+                          + (SCORE_OPS * bm * bn + RESCALE_OPS * bm * d) / ALU_RATE)
+    # warp groups (4 warps: one MMA unit's worth) on the SM, of one program or several, take
+    # turns: one's softmax runs under another's MMAs and fills its dependency chain
+    groups = per_sm * max(1, warps // 4)
+    overlap = 0.5 if groups > 1 else 0.0
+    t_compute = max(t_mma, t_softmax) + (1.0 - overlap) * min(t_mma, t_softmax)
+    t_chain = STEP_CHAIN_S + t_compute / groups  # one warp group's block, start to end
     t_l2 = 2.0 * bn * d * e * min(programs, slots) / cm.L2_BW
     t_lat = cm.LATENCY_S / max(1, stages - 1)
-    t_step = (t_compute ** cm.P + t_l2 ** cm.P + t_lat ** cm.P) ** (1.0 / cm.P)
-    if live >= 256:
+    t_step = (t_compute ** cm.P + t_chain ** cm.P + t_l2 ** cm.P
+              + t_lat ** cm.P) ** (1.0 / cm.P)
+    if live >= limit:
         t_step *= 4.0
-    elif want > 255:
-        t_step *= 1.0 + 8.0 * (want / 255.0 - 1.0)
+    elif want > limit:
+        t_step *= 1.0 + 8.0 * (want / limit - 1.0)
 
     head_steps, longest = _key_steps(S, bm, bn, causal)
     fixed = cm.LATENCY_S + cm.TILE_OVERHEAD_S  # loading Q, storing the output

@@ -1,0 +1,313 @@
+"""The attention forward kernels (``search_spaces/flash_attention.py``) under Triton's CPU
+interpreter: odd sequence lengths and head dims, causal and full, fp16 and fp32, query and key
+blocks of every ratio; what causality and the key padding must hide; the check rejecting wrong
+outputs; the space's constraints, the prior, the torch baseline and a tune through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from search_spaces import get_kernel
+from search_spaces.flash_attention import CAUSAL, KERNEL, KERNELS, estimate_s, shared_memory
+from tuner.config import KernelConfig
+from tuner.kernel import load_ref
+from tuner.space import ProblemContext
+from tuner.verification import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = sorted(KERNELS)
+#: query blocks shorter, as long as, and longer than key blocks (the causal diagonal is then
+#: several key blocks, one, or part of one)
+CONFIGS = [
+    KernelConfig(BLOCK_M=16, BLOCK_N=32, num_warps=1, num_stages=2),
+    KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=3),
+    KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=2),
+]
+#: S = 1, 17, 33 (a partial last block of queries and keys), 32 (whole blocks); D = 16 and 32
+#: (the tile's width) and 24 (a tile padded to 32)
+SHAPES = [{"B": 2, "H": 1, "S": 1, "D": 16}, {"B": 1, "H": 2, "S": 17, "D": 32},
+          {"B": 1, "H": 1, "S": 33, "D": 16}, {"B": 1, "H": 1, "S": 32, "D": 24}]
+
+
+def shape_id(shape: dict[str, int]) -> str:
+    return "x".join(f"{k}{v}" for k, v in shape.items())
+
+
+def check(kernel, got: torch.Tensor, inputs: dict, dtype: str) -> str | float:
+    """The check every measured config passes (tuner/verification.py): a float when ``got``
+    passes, the reason when it does not."""
+    return compare(got, kernel.reference(inputs), kernel.tolerance(dtype), dtype,
+                   kernel.output_check)
+
+
+def run(kernel, shape: dict[str, int], dtype: str, config: KernelConfig,
+        seed: int = 1) -> dict:
+    inputs = kernel.make_inputs(shape, dtype, "cpu", seed)
+    inputs["out"].fill_(float("nan"))  # every element must be written
+    kernel.launch(config, inputs)
+    return inputs
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_the_fp32_reference_on_odd_shapes(name, shape, dtype):
+    kernel = KERNELS[name]
+    for config in CONFIGS:
+        inputs = run(kernel, shape, dtype, config)
+        result = check(kernel, inputs["out"], inputs, dtype)
+        assert isinstance(result, float), (config, result)
+
+
+def test_causal_query_zero_sees_only_key_zero():
+    """Row 0 attends to key 0 alone: its weight is exactly 1 and its output is v's row 0."""
+    for config in CONFIGS:
+        inputs = run(CAUSAL, {"B": 2, "H": 2, "S": 33, "D": 16}, "float16", config)
+        assert torch.equal(inputs["out"][:, :, 0, :], inputs["v"][:, :, 0, :]), config
+
+
+def test_causal_rows_never_see_later_keys():
+    """Changing the keys and values after position 9 leaves rows 0..9 bit for bit unchanged
+    (and changes the later rows); full attention sees the change everywhere."""
+    shape, config = {"B": 1, "H": 2, "S": 33, "D": 16}, CONFIGS[2]
+    for kernel, hidden in ((CAUSAL, True), (KERNEL, False)):
+        inputs = run(kernel, shape, "float32", config)
+        before = inputs["out"].clone()
+        inputs["k"][:, :, 10:] *= -2.0
+        inputs["v"][:, :, 10:] += 1.0
+        kernel.launch(config, inputs)
+        assert torch.equal(inputs["out"][:, :, :10], before[:, :, :10]) == hidden
+        assert not torch.equal(inputs["out"][:, :, 10:], before[:, :, 10:])
+
+
+def test_each_variant_computes_its_own_mask():
+    """The causal output fails the full reference and the full output the causal one."""
+    shape, dtype = {"B": 1, "H": 2, "S": 17, "D": 16}, "float32"
+    for kernel, other in ((CAUSAL, KERNEL), (KERNEL, CAUSAL)):
+        inputs = run(kernel, shape, dtype, CONFIGS[0])
+        assert isinstance(check(kernel, inputs["out"], inputs, dtype), float)
+        assert isinstance(check(other, inputs["out"], inputs, dtype), str)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_keys_past_the_sequence_get_no_weight(name):
+    """Every real score is very negative (q and k point opposite ways): a padding key past S
+    left at score 0 (its K row loaded as zeros, unmasked) would take nearly all the weight
+    and pull the output towards its zero V row. S=17 in a key block of 64: 47 padding keys."""
+    kernel = KERNELS[name]
+    shape, dtype = {"B": 1, "H": 1, "S": 17, "D": 16}, "float32"
+    inputs = kernel.make_inputs(shape, dtype, "cpu", seed=2)
+    inputs["q"] = -4.0 * inputs["q"].abs()
+    inputs["k"] = inputs["k"].abs() + 1.0
+    assert float((inputs["q"] @ inputs["k"].transpose(-1, -2)).max()) < -20.0
+    inputs["v"] += 3.0  # outputs far from the zeros a padding key would average in
+    kernel.launch(KernelConfig(BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2), inputs)
+    result = check(kernel, inputs["out"], inputs, dtype)
+    assert isinstance(result, float), result
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_large_scores_stay_finite_and_right(name):
+    """Scores of +-100 and more: exp of the raw scores would overflow fp32; the running max
+    (rescaled block after block: BLOCK_N=16 over S=40) keeps them in range."""
+    kernel = KERNELS[name]
+    shape, dtype = {"B": 1, "H": 2, "S": 40, "D": 16}, "float32"
+    inputs = kernel.make_inputs(shape, dtype, "cpu", seed=3)
+    inputs["q"] *= 40.0
+    kernel.launch(CONFIGS[1], inputs)
+    assert bool(torch.isfinite(inputs["out"]).all())
+    result = check(kernel, inputs["out"], inputs, dtype)
+    assert isinstance(result, float), result
+
+
+def ulps_at_row_scale(ref: torch.Tensor, dtype: str, ulps: float) -> torch.Tensor:
+    """``ulps`` ulps of the dtype at each query row's largest |value| (shape (..., 1)); fp32
+    in TF32's ulps, the arithmetic of its dots on a GPU."""
+    scale = ref.abs().amax(dim=-1, keepdim=True)
+    eps = 2.0 ** -10 if dtype == "float32" else torch.finfo(getattr(torch, dtype)).eps
+    return ulps * eps * torch.exp2(torch.floor(torch.log2(scale)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_check_rejects_wrong_outputs(name, dtype):
+    """The kernel's own output passes; its smaller half zeroed, a bias of 3 ulps on one
+    query row, one row of another query, or the right weights without the 1/sqrt(D) scale
+    are each rejected."""
+    kernel = KERNELS[name]
+    shape = {"B": 1, "H": 2, "S": 17, "D": 32}
+    inputs = run(kernel, shape, dtype, CONFIGS[0])
+    out = inputs["out"].float()
+    assert isinstance(check(kernel, inputs["out"], inputs, dtype), float)
+
+    zeroed = out.clone()
+    zeroed[out.abs() < out.abs().median()] = 0.0
+    biased = out.clone()
+    biased[0, 1, 11] += ulps_at_row_scale(out, dtype, 3.0)[0, 1, 11]
+    swapped = out.clone()
+    swapped[0, 0, 5] = out[0, 0, 6]
+    q, k, v = (inputs[n].float() for n in ("q", "k", "v"))
+    mask = torch.ones(17, 17, dtype=torch.bool).tril() if kernel.causal else None
+    unscaled = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                scale=1.0)
+    for what, wrong in (("zeroed", zeroed), ("biased", biased), ("swapped", swapped),
+                        ("unscaled", unscaled)):
+        assert isinstance(check(kernel, wrong, inputs, dtype), str), what
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_torch_baseline_matches_the_reference(name, dtype):
+    kernel = KERNELS[name]
+    inputs = kernel.make_inputs({"B": 1, "H": 2, "S": 17, "D": 32}, dtype, "cpu", seed=4)
+    got = kernel.baseline(inputs)
+    assert got.dtype == getattr(torch, dtype)  # in the inputs' dtype, as a user calls it
+    result = check(kernel, got, inputs, dtype)
+    assert isinstance(result, float), result
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_reference_computed_in_chunks_is_the_whole(name, monkeypatch):
+    """Long sequences' scores are materialised a few query rows and heads at a time: with a
+    chunk of 40 scores (4 query rows of S=10, one head at a time) the reference is SDPA's."""
+    import search_spaces.flash_attention as module
+
+    kernel = KERNELS[name]
+    inputs = kernel.make_inputs({"B": 2, "H": 3, "S": 10, "D": 8}, "float32", "cpu", seed=5)
+    monkeypatch.setattr(module, "REFERENCE_CHUNK", 40)
+    chunked = kernel.reference(inputs)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        inputs["q"], inputs["k"], inputs["v"], is_causal=kernel.causal)
+    torch.testing.assert_close(chunked, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_flops_and_bytes():
+    shape = {"B": 4, "H": 32, "S": 4096, "D": 128}
+    assert KERNEL.flops(shape) == 4.0 * 4 * 32 * 4096 * 4096 * 128
+    assert CAUSAL.flops(shape) == KERNEL.flops(shape) / 2
+    assert KERNEL.bytes(shape, "bfloat16") == 4 * 2 * 4 * 32 * 4096 * 128
+    assert KERNEL.bytes(shape, "float32") == 2 * KERNEL.bytes(shape, "float16")
+
+
+TARGETS = [(CAUSAL, {"B": 4, "H": 32, "S": 4096, "D": 128}, "bfloat16"),
+           (KERNEL, {"B": 16, "H": 16, "S": 1024, "D": 64}, "float16")]
+
+
+def test_the_space_rejects_configs_that_cannot_run_well():
+    space, ctx = KERNEL.space(), ProblemContext({"B": 4, "H": 32, "S": 4096, "D": 128},
+                                                "float16")
+    config = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)
+    assert shared_memory(config, 128, 2) == 2 * 128 * (128 + 2 * 4 * 128)
+    assert "shared memory" in space.violation(config, ctx)
+    assert space.violation(KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8,
+                                        num_stages=3), ctx) is None  # 224 KiB: fits
+    assert "registers" in space.violation(
+        KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2), ctx)
+    # 16 warps leave a thread 128 registers: 256 x (128 + 128) / 512 is 128
+    assert "has 128" in space.violation(
+        KernelConfig(BLOCK_M=256, BLOCK_N=128, num_warps=16, num_stages=1), ctx)
+    assert "fewer than 16 rows" in space.violation(
+        KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2), ctx)
+    short = ProblemContext({"B": 1, "H": 1, "S": 17, "D": 16}, "float16")
+    assert "longer than S=17" in space.violation(
+        KernelConfig(BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2), short)
+    fp32 = ProblemContext({"B": 1, "H": 1, "S": 4096, "D": 256}, "float32")
+    assert "shared memory" in space.violation(
+        KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2), fp32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_default_and_known_good_configs_pass_the_constraints(dtype):
+    space = KERNEL.space()
+    for s in (1, 17, 100, 1024, 4096, 131072):
+        for d in (1, 16, 24, 64, 80, 128, 256):
+            shape = {"B": 2, "H": 3, "S": s, "D": d}
+            ctx = ProblemContext(shape, dtype)
+            configs = KERNEL.known_good_configs(shape, dtype)
+            assert configs[0] == KERNEL.default_config(shape, dtype)
+            for config in configs:
+                assert space.contains(config), config
+                assert space.violation(config, ctx) is None, (shape, config)
+
+
+def test_the_target_problems_get_the_tutorial_s_configs():
+    for kernel, shape, dtype in TARGETS:
+        default = kernel.default_config(shape, dtype)
+        assert default.meta == {"BLOCK_M": 128, "BLOCK_N": 64}
+        assert default.num_warps == (8 if shape["D"] == 128 else 4)
+        assert len(kernel.known_good_configs(shape, dtype)) >= 8
+
+
+def test_the_prior_prefers_the_sm90_region_to_small_tiles():
+    """On the targets, the tutorial's tiles rank above tiny ones and above a spilling one,
+    and the estimate is within 3x of the measured torch time (1.04 ms and 0.16 ms)."""
+    for (kernel, shape, dtype), torch_ms in zip(TARGETS, (1.04, 0.164), strict=True):
+        ctx = ProblemContext(shape, dtype)
+        good = estimate_s(kernel.default_config(shape, dtype), ctx, kernel.causal)
+        tiny = estimate_s(KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=2),
+                          ctx, kernel.causal)
+        spills = estimate_s(KernelConfig(BLOCK_M=256, BLOCK_N=256, num_warps=4, num_stages=1),
+                            ctx, kernel.causal)
+        assert good < tiny / 2 and good < spills
+        assert torch_ms / 3 < good * 1e3 < torch_ms * 3
+        assert kernel.prior(kernel.default_config(shape, dtype), ctx) == pytest.approx(
+            math.log(good))
+
+
+def test_the_compile_shape_is_tiny_and_specialises_alike():
+    assert KERNEL.compile_shape({"B": 5, "H": 33, "S": 4099, "D": 128}, "float16") == {
+        "B": 5, "H": 17, "S": 3, "D": 128}
+    assert KERNEL.compile_shape({"B": 1, "H": 16, "S": 4096, "D": 64}, "bfloat16") == {
+        "B": 1, "H": 16, "S": 16, "D": 64}
+    shape = {"B": 2, "H": 3, "S": 4099, "D": 128}
+    small = KERNEL.compile_shape(shape, "float16")
+    assert small == {"B": 2, "H": 3, "S": 3, "D": 128}
+    # the large problem's default config computes the small problem right
+    config = KERNEL.default_config(shape, "float16")
+    inputs = run(KERNEL, small, "float16", config)
+    result = check(KERNEL, inputs["out"], inputs, "float16")
+    assert isinstance(result, float), result
+
+
+def test_both_variants_are_registered_under_their_names_and_refs():
+    for name in NAMES:
+        kernel = get_kernel(name)
+        assert kernel.name == name and load_ref(kernel.ref) is kernel
+    assert KERNEL.name == "flash_attention" and CAUSAL.name == "flash_attention_causal"
+    assert "bfloat16" in KERNEL.interpreter_unsupported_dtypes
+    assert KERNEL.output_check.rowwise
+
+
+def test_the_launcher_refuses_non_contiguous_tensors():
+    inputs = KERNEL.make_inputs({"B": 1, "H": 2, "S": 17, "D": 16}, "float16", "cpu", 6)
+    inputs["k"] = inputs["k"].transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match="k must be a contiguous tensor"):
+        KERNEL.launch(CONFIGS[0], inputs)
+
+
+def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    name = "flash_attention_causal"
+    tuned = tuner("tune", name, "--shape", "B=1,H=2,S=17,D=16", "--dtype", "float16",
+                  "--trials", "3", "--backend", "interpret", "--json", db=db)
+    assert tuned.returncode == 0, tuned.stderr
+    summary = json.loads(tuned.stdout)
+    assert summary["device"] == "interpret:cpu" and summary["stored"] is True
+    assert summary["best_ms"] > 0 and summary["trials"] == 3
+    rows = json.loads(tuner("configs", "--kernel", name, "--json", db=db).stdout)
+    assert len(rows) == 1 and rows[0]["config"] == summary["best_config"]
+    assert CAUSAL.space().contains(KernelConfig(summary["best_config"]))

@@ -9,6 +9,8 @@ exception                              status  loc
 ``tuner.errors.InvalidRequest``        422     ``["body", *field]`` (``field`` split on dots)
 ``QueryError`` (an InvalidRequest)     422     ``["query", *field]``
 ``db.repo.NotFound``                   404     ``["path"]``
+``db.repo.ShortJobId``                 422     ``["path", "job_id"]``
+``db.repo.AmbiguousJobId``             409     ``["path", "job_id"]``, with ``candidates``
 other ``tuner.errors.TunerError``      400     ``["body"]``
 ``sqlalchemy.exc.OperationalError``    503     ``["database"]`` (locked, unreachable: retry)
 =====================================  ======  ==============================================
@@ -22,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
-from db.repo import NotFound
+from db.repo import AmbiguousJobId, NotFound, ShortJobId
 from tuner.errors import InvalidRequest, TunerError
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,19 @@ async def not_found(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(["path"], str(exc), "not_found"), 404)
 
 
+async def short_job_id(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body(["path", "job_id"], str(exc), "job_id_too_short"), 422)
+
+
+async def ambiguous_job_id(_request: Request, exc: Exception) -> JSONResponse:
+    """A 409 listing the full ids of the jobs the prefix matches (``candidates``), so the
+    caller can pick one."""
+    assert isinstance(exc, AmbiguousJobId)
+    detail = {"loc": ["path", "job_id"], "msg": str(exc), "type": "job_id_ambiguous",
+              "candidates": exc.candidates}
+    return JSONResponse({"detail": [detail]}, 409)
+
+
 async def tuner_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(["body"], str(exc), "tuner_error"), 400)
 
@@ -73,5 +88,7 @@ async def database_unavailable(_request: Request, exc: Exception) -> JSONRespons
 def install(app: FastAPI) -> None:
     app.add_exception_handler(InvalidRequest, invalid_request)
     app.add_exception_handler(NotFound, not_found)
+    app.add_exception_handler(ShortJobId, short_job_id)
+    app.add_exception_handler(AmbiguousJobId, ambiguous_job_id)
     app.add_exception_handler(TunerError, tuner_error)
     app.add_exception_handler(OperationalError, database_unavailable)

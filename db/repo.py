@@ -412,6 +412,58 @@ def get_job(session: Session, job_id: str) -> Job:
     return job
 
 
+#: the fewest characters of a job id that name a job (``resolve_job_id``): the dashboard and the
+#: CLI show 8; fewer would soon match several jobs
+JOB_ID_MIN_PREFIX = 4
+#: how many of the jobs an ambiguous prefix matches ``AmbiguousJobId`` lists
+_AMBIGUOUS_LISTED = 10
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+class ShortJobId(ValueError):
+    """A job id prefix shorter than ``JOB_ID_MIN_PREFIX`` (the API answers 422)."""
+
+
+class AmbiguousJobId(LookupError):
+    """A job id prefix that several jobs' ids start with (the API answers 409). ``candidates``:
+    their full ids, oldest first (at most ``_AMBIGUOUS_LISTED``; ``more``: there are others)."""
+
+    def __init__(self, prefix: str, candidates: Sequence[str], more: bool) -> None:
+        self.prefix, self.candidates, self.more = prefix, list(candidates), more
+        listed = ", ".join(candidates) + (", ..." if more else "")
+        super().__init__(f"job id prefix {prefix!r} is ambiguous: it starts the ids of jobs "
+                         f"{listed}; give more characters")
+
+
+def resolve_job_id(session: Session, text: str) -> str:
+    """The full id of the one job whose id is ``text`` or starts with it (ids are 32 lowercase
+    hex characters; the dashboard and the CLI show the first 8, and either is accepted back).
+    ShortJobId when ``text`` has fewer than ``JOB_ID_MIN_PREFIX`` characters, AmbiguousJobId
+    when several jobs' ids start with it, NotFound when none does (text that is not hex or is
+    longer than an id never reaches the database)."""
+    prefix = text.lower()
+    if len(prefix) < JOB_ID_MIN_PREFIX:
+        raise ShortJobId(f"job id {text!r} is too short to name a job: give at least "
+                         f"{JOB_ID_MIN_PREFIX} of its characters (the dashboard shows 8)")
+    if len(prefix) > _JOB_ID_LENGTH or not set(prefix) <= _HEX_DIGITS:
+        raise NotFound(f"no job {text!r}")
+    if len(prefix) == _JOB_ID_LENGTH:
+        return get_job(session, prefix).id
+    # hex digits only: nothing in the prefix is a LIKE wildcard
+    ids = list(session.scalars(select(Job.id).where(Job.id.like(f"{prefix}%"))
+                               .order_by(Job.created_at, Job.id).limit(_AMBIGUOUS_LISTED + 1)))
+    if not ids:
+        raise NotFound(f"no job {text!r}")
+    if len(ids) > 1:
+        raise AmbiguousJobId(text, ids[:_AMBIGUOUS_LISTED], more=len(ids) > _AMBIGUOUS_LISTED)
+    return ids[0]
+
+
+def get_job_by_prefix(session: Session, text: str) -> Job:
+    """The job whose id is ``text`` or, alone, starts with it (``resolve_job_id``'s errors)."""
+    return get_job(session, resolve_job_id(session, text))
+
+
 def list_jobs(session: Session, status: str | None = None, kernel: str | None = None,
               limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
     """One page of jobs, newest first, and how many match in all."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
@@ -39,6 +39,18 @@ from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+#: a job named in a path: its id, or the first characters of it (the 8 the dashboard and the CLI
+#: show) when no other job's id starts with them
+JobId = Annotated[str, Path(description=f"the job's id, or a prefix of it of at least "
+                                        f"{repo.JOB_ID_MIN_PREFIX} characters that no other "
+                                        "job's id starts with")]
+#: what a path naming a job by prefix may be answered besides 200
+JOB_ID_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no job's id is or starts with it"},
+    409: {"description": "the prefix starts the ids of several jobs: ``candidates`` lists "
+                         "them"},
+}
 
 
 def job_url(job_id: str) -> str:
@@ -159,17 +171,21 @@ def list_jobs(session: SessionDep, settings: SettingsDep, status: JobStatus | No
                       count=total)
 
 
-@router.get("/{job_id}", response_model=JobPublic, dependencies=[ReadAccess])
-def get_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobPublic:
+@router.get("/{job_id}", response_model=JobPublic, dependencies=[ReadAccess],
+            responses=JOB_ID_RESPONSES)
+def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """A job and its tasks; ``waiting`` says why a queued job has not started (no live worker
-    has its device)."""
-    job = repo.get_job(session, job_id)
+    has its device). ``job_id``: the id or a unique prefix of it."""
+    job = repo.get_job_by_prefix(session, job_id)
     return job_public(job, waiting_note(session, job, settings))
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteAccess])
-def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
-    job = repo.cancel_job(session, job_id)
+@router.post("/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteAccess],
+             responses=JOB_ID_RESPONSES)
+def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
+    """Cancel a queued or running job and its unfinished tasks; a finished job is answered as
+    it is."""
+    job = repo.cancel_job(session, repo.get_job_by_prefix(session, job_id).id)
     session.commit()
     return job_public(job)
 
@@ -193,21 +209,22 @@ def trial_public(t: Trial) -> TrialPublic:
                        error=t.error, compile_s=t.compile_s)
 
 
-@router.get("/{job_id}/trials", response_model=TrialsPublic, dependencies=[ReadAccess])
-def job_trials(job_id: str, session: SessionDep) -> TrialsPublic:
+@router.get("/{job_id}/trials", response_model=TrialsPublic, dependencies=[ReadAccess],
+            responses=JOB_ID_RESPONSES)
+def job_trials(job_id: JobId, session: SessionDep) -> TrialsPublic:
     """Every trial of every task of the job, by task then trial number (the dashboard's
     convergence plot)."""
-    job = repo.get_job(session, job_id)
+    job = repo.get_job_by_prefix(session, job_id)
     data = [trial_public(t) for task in job.tasks for t in repo.trials_for_task(session, task.id)]
     return TrialsPublic(data=data, count=len(data))
 
 
 @router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialsPublic,
-            dependencies=[ReadAccess])
-def task_trials(job_id: str, session: SessionDep,
+            dependencies=[ReadAccess], responses=JOB_ID_RESPONSES)
+def task_trials(job_id: JobId, session: SessionDep,
                 task_id: int = Path(ge=0, le=INT32_MAX)) -> TrialsPublic:
     task = repo.get_task(session, task_id)
-    if task.job_id != job_id:
+    if task.job_id != repo.get_job_by_prefix(session, job_id).id:
         raise repo.NotFound(f"job {job_id} has no task {task_id}")
     data = [trial_public(t) for t in repo.trials_for_task(session, task_id)]
     return TrialsPublic(task_id=task_id, data=data, count=len(data))

@@ -224,8 +224,23 @@ def test_the_protocol_comes_from_the_environment_and_a_wrong_name_is_refused(mon
     state = child_mod.ChildState("cuda")
     assert not child_mod.settle_due(state, opts, now=0.0)  # cooling, never settling
     monkeypatch.setenv("TUNER_TIMING_PROTOCOL", "boost")
+    with pytest.raises(ValueError):
+        TimingOptions()
+    monkeypatch.setenv("TUNER_TIMING_PROTOCOL", "boost")
     with pytest.raises(ValueError, match="TUNER_TIMING_PROTOCOL='boost'.*settled, cool, none"):
         TimingOptions()
+
+
+def test_settled_full_timings_warm_up_long_enough_for_the_power_limiter():
+    settled = TimingOptions(protocol="settled", warmup_ms=10, settle_warmup_ms=100)
+    assert settled.settles and child_mod._full_warmup_ms(settled) == 100
+    assert settled.full_warmup_ms() == 100
+    for other in ("cool", "none"):
+        opts = TimingOptions(protocol=other, warmup_ms=10, settle_warmup_ms=100)
+        assert not opts.settles and child_mod._full_warmup_ms(opts) == 10
+    # the long until-flat settle is off by default; the warm-up alone settles
+    assert not child_mod._settles(TimingOptions(protocol="settled"))
+    assert child_mod._settles(TimingOptions(protocol="settled", settle_max_ms=5000))
 
 
 def test_settling_is_due_first_and_after_idle_only_on_a_gpu():

@@ -9,22 +9,31 @@ NVML (``pynvml``, package ``nvidia-ml-py``) on the child's own GPU: the handle i
 UUID torch reports (then its PCI bus id), so it is the right GPU under ``CUDA_VISIBLE_DEVICES``.
 Without NVML every field is None; the interpreter records no GPU state at all.
 
-**The protocol: settled sustained state.** Before the first timing of a task, before every
-re-timing, before calibrating, and before a timing that follows ``resettle_idle_s`` of GPU idle
-(waiting for compiles), the child runs the load it is about to time (the config, the finalists
-and the baseline in turn, the calibration's GEMM) until the SM clock stops falling: until it
-fell less than ``settle_drop_mhz`` over the last ``settle_window_ms`` (``is_flat``), at most
-``settle_max_ms`` (without a clock reading: ``settle_max_ms`` in full). Chosen over the
-alternative, a cool-down to a clock band before each timing, because:
+**The protocol: settled sustained state** (``TimingOptions.protocol``, env
+``TUNER_TIMING_PROTOCOL``; the default). Every full timing (a trial, each round of a
+re-timing, the torch baseline, the calibration) is preceded by ``settle_warmup_ms`` (100 ms)
+of the timed work itself. Measured on the H200 (``bench/results/warmup_probe_h200.md``, a
+compute-bound 8192^3 bf16 config, each timing after 0.3 s idle as in a sweep): with do_bench's
+usual 10 ms warm-up a 40 ms timing starts at the ~1965 MHz boost clock the GPU regained while
+idle and ends wherever the power limiter has pulled it (1.444 ms, spread 3.8%, and 10-15%
+across a real sweep: ``timing_stability_h200_first.md``); after 100 ms or more of the work the
+limiter has brought the clock to its sustained level (~1485 MHz at 700 W) and the timing reads
+1.634-1.639 ms with a spread of 0.6-0.7%, the same as after 1 s of load. Chosen because:
 
-- it is the state users see: a model runs its kernels back to back, at the sustained clock
-  (the power cap, the chip warm), not at the boost clock of a GPU that just idled;
-- it needs no knowledge of a particular GPU's bands, and costs one window (1 s) when the GPU
-  is already settled, against seconds of idle per config for a cool-down;
-- the ceilings agree with it: the calibration's copy bandwidth and matmul peak are taken in
-  the same settled state, so the roofline compares like with like;
-- configs of one task, the finalists, the incumbent (the stored best) and the torch baseline
-  are all compared at one clock, the last four interleaved in one process.
+- it is the state users see: a model runs its kernels back to back, at the sustained clock,
+  not at the boost clock of a GPU that just idled;
+- it is repeatable (0.6% against 3.8% for boost timings taken after idling), so a stored best
+  is replaced only by a real gain;
+- it costs 100 ms per full timing, nothing for configs dismissed by their quick timing, and
+  needs no knowledge of a particular GPU's clock bands;
+- configs, the finalists, the incumbent (the stored best), the torch baseline and the
+  calibration's ceilings are all timed in that state, so ratios compare like with like.
+
+Alternatives kept as options and measured worse: ``cool`` (idle until the power reading is
+under half the limit before each timing: it rarely waited, NVML's power reading lags the
+limiter, and the spread across a sweep was 13.9%) and ``none``. The older long settle (run the
+load until the SM clock stops falling, up to ``settle_max_ms``) is off by default: the
+per-timing warm-up gives the same number.
 
 The clocks drawn with each measurement (``extra["gpu"]``) show whether a timing was taken
 throttled or not; ``settle`` returns what it did (``extra["settle"]`` of the timing after it).

@@ -53,26 +53,38 @@ class TimingOptions:
     #: deaths in a row (no config ran in between) after which the device is reported
     #: unhealthy; each death is followed by a self-test, so these are bad configs in a row
     max_consecutive_deaths: int = 8
-    #: the timing protocol, "settled sustained state" (tuner/gpu_state.py says why): before
-    #: the first timing of a task, before every re-timing, before calibrating and after the
-    #: GPU idled ``resettle_idle_s``, the child runs the load about to be timed until the SM
-    #: clock fell less than ``settle_drop_mhz`` over the last ``settle_window_ms`` (at most
-    #: ``settle_max_ms``; without a clock reading, ``settle_max_ms`` in full). 0: off, every
-    #: config is timed in whatever state the GPU happens to be in.
-    settle_max_ms: float = 20000.0
+    #: the timing protocol (``tuner/gpu_state.py`` says why; ``bench/results/
+    #: timing_stability_h200.md`` and ``warmup_probe_h200.md`` measure it):
+    #: ``settled`` (the default): every full timing (a trial, each re-timing round, the
+    #: baseline, the calibration) is preceded by ``settle_warmup_ms`` of the timed work itself,
+    #: long enough for the power limiter to bring the clock to its sustained level, so no
+    #: timing starts at a boost clock regained while the GPU idled between timings;
+    #: ``cool`` (before every timing the GPU idles until its power reading is at most
+    #: ``cool_power_frac`` of its enforced limit, at most ``cool_max_ms``); ``none`` (every
+    #: timing in whatever state the GPU is in, warm-up ``warmup_ms``).
+    protocol: str = field(default_factory=default_protocol)
+    settle_warmup_ms: float = 100.0
+    cool_power_frac: float = 0.5
+    cool_max_ms: float = 3000.0
+    #: with ``settled``, also a long settle before the task's first timing, every re-timing,
+    #: the calibration and after ``resettle_idle_s`` idle: the load runs until the SM clock
+    #: fell less than ``settle_drop_mhz`` over the last ``settle_window_ms`` (at most
+    #: ``settle_max_ms``). Off (0) by default: on the H200 it gave the same numbers as the
+    #: per-timing warm-up alone (1.6375 ms after 1 s of load against 1.6373 ms after 250 ms)
+    #: and costs seconds per task.
+    settle_max_ms: float = 0.0
     settle_window_ms: float = 1000.0
     settle_drop_mhz: float = 15.0
     resettle_idle_s: float = 3.0
-    #: the protocol: ``settled`` (above), ``cool`` (before every timing, the GPU idles until
-    #: its power reading is at most ``cool_power_frac`` of its enforced power limit, at most
-    #: ``cool_max_ms``) or ``none`` (every timing in whatever state the GPU is in)
-    protocol: str = field(default_factory=default_protocol)
-    cool_power_frac: float = 0.5
-    cool_max_ms: float = 3000.0
 
     @property
     def settles(self) -> bool:
-        return self.protocol == "settled" and self.settle_max_ms > 0
+        """Whether every full timing gets the sustained-state warm-up."""
+        return self.protocol == "settled"
+
+    def full_warmup_ms(self) -> float:
+        """do_bench's warm-up for a full timing under this protocol."""
+        return max(self.warmup_ms, self.settle_warmup_ms) if self.settles else self.warmup_ms
 
     @property
     def cools(self) -> bool:

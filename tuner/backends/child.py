@@ -162,7 +162,7 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: Any,
                                         quantiles=[0.2, 0.5, 0.8])
             if float(q[1]) > getattr(timing, "quick_factor", 2.0) * best_ms:
                 return float(q[0]), float(q[1]), float(q[2]), True
-        q = triton.testing.do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms,
+        q = triton.testing.do_bench(fn, warmup=_full_warmup_ms(timing), rep=timing.rep_ms,
                                     quantiles=[0.2, 0.5, 0.8])
         return float(q[0]), float(q[1]), float(q[2]), False
     # The interpreter's wall time says nothing about a GPU; it is recorded only so that the
@@ -193,10 +193,18 @@ def settle_due(state: ChildState, timing: Any, now: float | None = None) -> bool
 
 
 def _settles(timing: Any) -> bool:
-    """Whether ``timing`` asks for the settled protocol (an older TimingOptions: by its
-    ``settle_max_ms`` alone)."""
+    """Whether ``timing`` asks for the long settle (the settled protocol with
+    ``settle_max_ms`` > 0)."""
     protocol = getattr(timing, "protocol", "settled")
     return protocol == "settled" and float(getattr(timing, "settle_max_ms", 0.0) or 0.0) > 0
+
+
+def _full_warmup_ms(timing: Any) -> float:
+    """do_bench's warm-up for a full timing: the settled protocol's sustained-state warm-up."""
+    warmup = float(getattr(timing, "warmup_ms", 10.0))
+    if getattr(timing, "protocol", "settled") == "settled":
+        return max(warmup, float(getattr(timing, "settle_warmup_ms", 0.0) or 0.0))
+    return warmup
 
 
 def _cool(state: ChildState, timing: Any) -> dict[str, Any] | None:
@@ -411,19 +419,20 @@ def calibrate(state: ChildState, runs: int = CALIBRATION_RUNS,
     timing = timing if timing is not None else TimingOptions()
     if _settles(timing):
         _settle(state, first, timing)
+    warm = max(25.0, _full_warmup_ms(timing))
     size = 1 << 30
     src = torch.empty(size, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     copy = []
     for _ in range(runs):
         _cool(state, timing)
-        ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
+        ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=warm, rep=200)
         copy.append(2 * size / (ms * 1e-3) / 1e9)
     tflops: dict[Any, list[float]] = {key: [] for key in gemms}
     for _ in range(runs):  # interleaved: drift hits every GEMM alike
         for (dtype, m, n, k), fn in gemms.items():
             _cool(state, timing)
-            ms = triton.testing.do_bench(fn, warmup=25, rep=200)
+            ms = triton.testing.do_bench(fn, warmup=warm, rep=200)
             tflops[(dtype, m, n, k)].append(2 * m * n * k / (ms * 1e-3) / 1e12)
     state.last_busy = time.monotonic()
     copy_gbps, copy_spread = median_spread(copy)

@@ -161,6 +161,7 @@ class ProcessBackend:
         if self.kind != "cuda":
             return 0.0
         return max(self.timing.settle_max_ms if self.timing.settles else 0.0,
+                   self.timing.settle_warmup_ms if self.timing.settles else 0.0,
                    self.timing.cool_max_ms if self.timing.cools else 0.0) / 1e3
 
     def _start(self) -> ChildProcess:

@@ -148,24 +148,35 @@ LAUNCH_S = 3e-6
 PROGRAM_S = 2e-8
 
 
+def streaming_seconds(ctx: ProblemContext, hbm_bytes: float, programs: int, num_warps: int,
+                      in_flight: float, launches: int = 1, persistent: bool = False) -> float:
+    """A cost model of a memory-bound kernel (the prior of vector_add, add_layernorm and
+    softmax): ``hbm_bytes`` over the copy bandwidth, slowed where the programs resident on an
+    SM keep fewer than ``BYTES_IN_FLIGHT_PER_SM`` in flight (``in_flight`` bytes each), by
+    wave quantisation of a short grid (a persistent grid has none), a cost per program and
+    one per launch. Only ranks configs: it is no measurement."""
+    sms = max(1, ctx.sm_count)
+    programs = max(1, programs)
+    resident = max(1, min(32, 64 // num_warps))  # 64 warps and 32 blocks per SM
+    efficiency = min(1.0, min(resident, math.ceil(programs / sms)) * in_flight
+                     / BYTES_IN_FLIGHT_PER_SM)
+    waves = programs / (sms * resident)
+    quantised = 1.0 if persistent or waves > 4 else math.ceil(waves) / waves
+    return (LAUNCH_S * launches + hbm_bytes / (COPY_BANDWIDTH * efficiency) * quantised
+            + PROGRAM_S * programs / sms)
+
+
 def estimated_seconds(config: KernelConfig, ctx: ProblemContext) -> float:
-    """A streaming cost model: bytes over the copy bandwidth, slowed where the resident
-    programs keep too few bytes in flight, plus wave quantisation, a cost per program (its
-    start and index math) and the launch."""
-    n, elem, sms = ctx.shape["N"], ctx.elem_bytes, max(1, ctx.sm_count)
-    blocks = _blocks(config, ctx)
+    """vector_add's ``streaming_seconds``: two loads of a block in flight per program (twice
+    that in a persistent loop pipelined over two or more stages)."""
     per_sm = config["PROGRAMS_PER_SM"]
-    programs = min(blocks, per_sm * sms) if per_sm else blocks
-    resident = max(1, min(32, 64 // config["num_warps"]))  # 64 warps, 32 blocks per SM
-    in_flight = min(resident, math.ceil(programs / sms)) * config["BLOCK"] * elem * 2
+    blocks = _blocks(config, ctx)
+    programs = min(blocks, per_sm * ctx.sm_count) if per_sm else blocks
+    in_flight = config["BLOCK"] * ctx.elem_bytes * 2
     if per_sm:
-        in_flight *= min(config["num_stages"], 2)  # the next block's loads already issued
-    efficiency = min(1.0, in_flight / BYTES_IN_FLIGHT_PER_SM)
-    waves = math.ceil(programs / (sms * resident))
-    full_waves = programs / (sms * resident)
-    quantised = waves / full_waves if per_sm == 0 and waves <= 4 else 1.0
-    streaming = 3 * n * elem / (COPY_BANDWIDTH * efficiency) * quantised
-    return LAUNCH_S + streaming + PROGRAM_S * programs / sms
+        in_flight *= min(config["num_stages"], 2)
+    return streaming_seconds(ctx, 3 * ctx.shape["N"] * ctx.elem_bytes, programs,
+                             config["num_warps"], in_flight, persistent=per_sm > 0)
 
 
 class VectorAddKernel:

@@ -6,9 +6,13 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from api import errors, serving
 from api.routes import configs, devices, health, jobs, kernels, misses
@@ -36,8 +40,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             gc.unfreeze()
 
+    assets = docs_assets()
+    # with the assets installed, /docs and /redoc are this app's own (_mount_docs)
     app = FastAPI(title="triton-tuner", version="0.1.0", lifespan=lifespan,
-                  description="Autotuning service for Triton kernels")
+                  description="Autotuning service for Triton kernels",
+                  docs_url=None if assets else "/docs", redoc_url=None if assets else "/redoc")
     app.state.settings = settings
     api = APIRouter(prefix="/api/v1")
     for module in (jobs, configs, misses, kernels, devices):
@@ -47,8 +54,74 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(HostileInputGuard)  # NUL, surrogates, NaN: a 422 before any route
     serving.install(app)  # Server-Timing on every response
+    _document(app)
+    if assets:
+        _mount_docs(app, assets)
     _mount_dashboard(app)
     return app
+
+
+def _document(app: FastAPI) -> None:
+    """The OpenAPI document, completed once built: GET /configs's dimensions, which depend on
+    the kernels registered (``configs.document_dimensions``)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            configs.document_dimensions(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+#: where the API pages' scripts and styles are served (the dashboard's are at /static)
+DOCS_STATIC = "/docs-static"
+
+
+def docs_assets() -> Path | None:
+    """Swagger UI's and ReDoc's scripts and styles as shipped in the installed
+    ``fastapi-offline`` package (a dependency), or None without it: then /docs and /redoc are
+    FastAPI's own, which load them from a CDN."""
+    try:
+        import fastapi_offline
+    except ImportError:
+        logging.getLogger(__name__).warning("fastapi-offline is not installed: /docs loads "
+                                            "Swagger UI from a CDN")
+        return None
+    path = Path(fastapi_offline.__file__).resolve().parent / "static"
+    return path if (path / "swagger-ui-bundle.js").is_file() else None
+
+
+def _mount_docs(app: FastAPI, assets: Path) -> None:
+    """/docs (Swagger UI) and /redoc with every file they load served by this app: they work
+    on a machine with no network, as GPU clusters often are (the dashboard serves Plotly the
+    same way)."""
+    app.mount(DOCS_STATIC, StaticFiles(directory=str(assets)), name="docs-static")
+    title = app.title
+
+    def static(request: Request, name: str) -> str:
+        return f"{request.scope.get('root_path', '')}{DOCS_STATIC}/{name}"
+
+    def openapi_url(request: Request) -> str:
+        return f"{request.scope.get('root_path', '')}{app.openapi_url}"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=openapi_url(request), title=f"{title} - API",
+            swagger_js_url=static(request, "swagger-ui-bundle.js"),
+            swagger_css_url=static(request, "swagger-ui.css"),
+            swagger_favicon_url=static(request, "favicon.png"), oauth2_redirect_url=None,
+            swagger_ui_parameters=app.swagger_ui_parameters)
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        return get_redoc_html(openapi_url=openapi_url(request), title=f"{title} - ReDoc",
+                              redoc_js_url=static(request, "redoc.standalone.js"),
+                              redoc_favicon_url=static(request, "favicon.png"),
+                              with_google_fonts=False)
 
 
 def _mount_dashboard(app: FastAPI) -> None:
@@ -57,10 +130,12 @@ def _mount_dashboard(app: FastAPI) -> None:
     # The dashboard needs jinja2 (a dependency); without it (a minimal image) the API runs alone.
     try:
         dashboard = importlib.import_module("api.dashboard")
+        extra = importlib.import_module("api.dashboard_extra")
     except ImportError as exc:
         logging.getLogger(__name__).warning("dashboard off: %s", exc)
         return
     dashboard.install(app)
+    app.include_router(extra.router)  # /dashboard/stale, /dashboard/compare
 
 
 def __getattr__(name: str) -> Any:

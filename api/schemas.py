@@ -12,6 +12,69 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# -- examples of the OpenAPI document (/docs shows them; "Try it out" starts from them) ----------
+
+_GPU = "cuda:NVIDIA H200:sm90"
+_SHAPE = {"M": 4096, "N": 4096, "K": 4096}
+_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+           "num_stages": 3}
+_JOB_ID = "3f2b9c0e8d7a4b6f9e1d2c3b4a596877"
+_WHEN = "2026-11-23T08:00:00Z"
+_TASK_EXAMPLE = {"id": 1, "shape": _SHAPE, "status": "succeeded", "trials_done": 48,
+                 "budget_trials": 48, "best_ms": 0.1763, "best_measured": "retimed",
+                 "best_config": _CONFIG, "baseline_ms": 0.1881, "baseline_name": "torch",
+                 "vs_baseline": 1.067, "incumbent_ms": None, "best_note": None,
+                 "outcome_counts": {"ok": 41, "pruned": 5, "out_of_resources": 2},
+                 "device": _GPU, "attempts": 1, "error": None}
+_JOB_EXAMPLE = {"id": _JOB_ID, "kernel": "matmul", "kernel_version": "363e2228ce72",
+                "dtype": "float16", "status": "succeeded", "strategy": "auto",
+                "budget_trials": 48, "budget_seconds": None, "device": _GPU,
+                "created_at": _WHEN, "started_at": "2026-11-23T08:00:02Z",
+                "finished_at": "2026-11-23T08:01:40Z", "error": None,
+                "url": f"/api/v1/jobs/{_JOB_ID}", "waiting": None, "tasks": [_TASK_EXAMPLE]}
+_TRIAL_EXAMPLE = {"task_id": 1, "number": 7, "config": _CONFIG, "outcome": "ok",
+                  "p20_ms": 0.1751, "p50_ms": 0.1768, "p80_ms": 0.1790,
+                  "retimed_p20_ms": 0.1755, "retimed_p50_ms": 0.1763, "retimed_p80_ms": 0.1771,
+                  "gpu": {"sm_mhz": 1980, "mem_mhz": 3201, "power_w": 612.0, "temp_c": 58,
+                          "throttle": 0, "throttle_reasons": []},
+                  "error": None, "compile_s": 1.9}
+_CONFIG_EXAMPLE = {"match": "exact", "kernel": "matmul", "dtype": "float16", "shape": _SHAPE,
+                   "device": _GPU, "config": _CONFIG, "ms": 0.1763, "tflops": 779.6,
+                   "tuned_shape": _SHAPE, "distance": None, "kernel_version": "363e2228ce72",
+                   "triton_version": "3.6.0", "miss": None}
+_MISS_EXAMPLE = {"id": 1, "kernel": "matmul", "kernel_version": "363e2228ce72",
+                 "dtype": "float16", "shape": {"M": 384, "N": 4096, "K": 4096}, "device": _GPU,
+                 "count": 3, "first_seen_at": _WHEN, "last_seen_at": "2026-11-23T08:05:00Z",
+                 "last_client": "vllm-worker-0", "status": "queued", "job_id": _JOB_ID,
+                 "job_url": f"/api/v1/jobs/{_JOB_ID}", "note": None}
+_KERNEL_EXAMPLE = {"name": "matmul", "version": "363e2228ce72",
+                   "description": "C = A @ B, grouped tile order", "source": "builtin",
+                   "ref": "search_spaces.matmul:KERNEL",
+                   "dims": [{"name": n, "min": 1, "max": 65536, "doc": ""} for n in "MNK"],
+                   "dtypes": ["float16", "bfloat16", "float32"],
+                   "space": [{"name": "BLOCK_M", "kind": "pow2",
+                              "values": [16, 32, 64, 128, 256]}],
+                   "space_size": 5120}
+_WORKER_EXAMPLE = {"id": "gpu0-host-1234", "host": "host", "pid": 1234, "device": _GPU,
+                   "kind": "cuda", "gpu_index": 0,
+                   "gpu_uuid": "GPU-8d6a2f0c-1111-2222-3333-444455556666", "status": "busy",
+                   "task_id": 1, "error": None, "started_at": _WHEN,
+                   "last_seen_at": "2026-11-23T08:01:00Z", "seen_seconds_ago": 2.1,
+                   "alive": True}
+_DEVICE_EXAMPLE = {"key": _GPU, "kind": "cuda", "name": "NVIDIA H200",
+                   "compute_capability": "9.0", "sm_count": 132, "memory_bytes": 150_000_000_000,
+                   "triton_version": "3.6.0", "torch_version": "2.11.0", "copy_gbps": 4012.0,
+                   "matmul_tflops": 721.0, "copy_gbps_spread": 0.01,
+                   "matmul_tflops_spread": 0.02, "calibration_runs": 5, "calibrated_at": _WHEN,
+                   "last_seen_at": "2026-11-23T08:01:00Z", "seen_seconds_ago": 2.1,
+                   "workers": [_WORKER_EXAMPLE]}
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    """A model's examples in its JSON schema (the OpenAPI document's, shown by /docs)."""
+    return ConfigDict(json_schema_extra={"examples": list(examples)})
+
+
 #: the largest integer a path or query parameter takes (PostgreSQL's ``integer`` columns)
 INT32_MAX = 2**31 - 1
 #: the longest wall-clock budget per shape: a year (an infinite one is no budget: leave it out)
@@ -30,6 +93,9 @@ DEVICE_KEY_MAX = 200
 
 
 class JobCreate(Strict):
+    model_config = _examples({"kernel": "matmul", "dtype": "float16", "shapes": [_SHAPE],
+                              "budget": {"trials": 48}, "device": _GPU})
+
     kernel: str = Field(max_length=100, examples=["matmul"])
     dtype: str = Field(max_length=20, examples=["float16"])
     shapes: list[dict[str, Any]] = Field(min_length=1, examples=[[{"M": 4096, "N": 4096,
@@ -49,6 +115,9 @@ class JobCreated(BaseModel):
     returned instead of a new one. ``answered_from_store``: shapes already tuned for the target
     device, whose tasks were created as succeeded (all of them: the job is ``succeeded`` and
     the status code is 200)."""
+
+    model_config = _examples({"id": _JOB_ID, "status": "queued", "url": f"/api/v1/jobs/{_JOB_ID}",
+                              "deduplicated": False, "answered_from_store": 0})
 
     id: str
     status: str
@@ -89,6 +158,8 @@ class TaskPublic(BaseModel):
 
 
 class JobPublic(BaseModel):
+    model_config = _examples(_JOB_EXAMPLE)
+
     id: str
     kernel: str
     kernel_version: str
@@ -109,6 +180,8 @@ class JobPublic(BaseModel):
 
 
 class JobsPublic(BaseModel):
+    model_config = _examples({"data": [_JOB_EXAMPLE], "count": 1})
+
     data: list[JobPublic]
     count: int
 
@@ -147,6 +220,8 @@ class TrialPublic(BaseModel):
 
 
 class TrialsPublic(BaseModel):
+    model_config = _examples({"task_id": 1, "data": [_TRIAL_EXAMPLE], "count": 1})
+
     task_id: int | None = None  # set when the list is one task's
     data: list[TrialPublic]
     count: int
@@ -171,6 +246,8 @@ class ConfigPublic(BaseModel):
     another Triton minor version), ``other-device`` (another GPU: ``device`` says which),
     ``default`` (the kernel's default config; nothing tuned applies). ``miss``: with
     ``report_misses``, what became of a lookup that was not ``exact``."""
+
+    model_config = _examples(_CONFIG_EXAMPLE)
 
     match: Match
     kernel: str
@@ -205,6 +282,10 @@ class ConfigQueryItem(Strict):
 
 
 class ConfigQuery(Strict):
+    model_config = _examples({"items": [{"kernel": "matmul", "dtype": "float16", "shape": _SHAPE,
+                                         "device": _GPU, "triton_version": "3.6.0"}],
+                              "report_misses": True, "client": "vllm-worker-0"})
+
     items: list[ConfigQueryItem] = Field(min_length=1, max_length=4_096)
     report_misses: bool = Field(False, description="record every item not answered "
                                 "``exact`` as a miss and queue a tuning job for it on the "
@@ -217,6 +298,8 @@ class ConfigQuery(Strict):
 
 
 class ConfigsPublic(BaseModel):
+    model_config = _examples({"data": [_CONFIG_EXAMPLE], "count": 1})
+
     data: list[ConfigPublic]
     count: int
 
@@ -243,6 +326,8 @@ class MissPublic(BaseModel):
 
 
 class MissesPublic(BaseModel):
+    model_config = _examples({"data": [_MISS_EXAMPLE], "count": 1})
+
     data: list[MissPublic]
     count: int
 
@@ -276,6 +361,8 @@ class PluginErrorPublic(BaseModel):
 
 
 class KernelsPublic(BaseModel):
+    model_config = _examples({"data": [_KERNEL_EXAMPLE], "count": 1, "errors": []})
+
     data: list[KernelPublic]
     count: int
     #: plugins that failed to load (the other kernels are unaffected)
@@ -325,5 +412,54 @@ class DevicePublic(BaseModel):
 
 
 class DevicesPublic(BaseModel):
+    model_config = _examples({"data": [_DEVICE_EXAMPLE], "count": 1})
+
     data: list[DevicePublic]
+    count: int
+
+
+_STALE_EXAMPLE: dict[str, Any] = {
+    "id": 7, "kernel": "matmul", "dtype": "float16", "shape": _SHAPE, "device": _GPU,
+    "config": _CONFIG, "ms": 0.1763, "measured": "retimed", "kernel_version": "0d1c2b3a4f5e",
+    "current_kernel_version": "363e2228ce72", "triton_version": "3.5.1",
+    "current_triton_version": "3.6.0", "reasons": ["kernel-version", "triton-version"],
+    "updated_at": _WHEN,
+    "retune": {"kernel": "matmul", "dtype": "float16", "shapes": [_SHAPE],
+               "budget": {"trials": 48, "seconds": None}, "strategy": "auto",
+               "force": True, "seed": 0, "device": _GPU, "backend": "auto"}}
+
+#: why a stored best is stale (``db.views.STALE_REASONS``)
+StaleReason = Literal["kernel-version", "triton-version"]
+
+
+class StaleConfigPublic(BaseModel):
+    """A stored best tuned for code or a Triton that no longer runs: ``reasons`` says which
+    (``kernel-version``: the kernel's source changed since, ``kernel_version`` is the stored
+    one, ``current_kernel_version`` the registered one; ``triton-version``: its device now runs
+    another Triton minor version, ``current_triton_version``). ``retune``: the body of the
+    POST /jobs that tunes it again on its device (null for a replayed table's results)."""
+
+    model_config = _examples(_STALE_EXAMPLE)
+
+    id: int
+    kernel: str
+    dtype: str
+    shape: dict[str, int]
+    device: str
+    config: dict[str, int]
+    ms: float
+    measured: str | None
+    kernel_version: str
+    current_kernel_version: str
+    triton_version: str
+    current_triton_version: str | None
+    reasons: list[StaleReason]
+    updated_at: datetime
+    retune: JobCreate | None
+
+
+class StaleConfigsPublic(BaseModel):
+    model_config = _examples({"data": [_STALE_EXAMPLE], "count": 1})
+
+    data: list[StaleConfigPublic]
     count: int

@@ -14,7 +14,9 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.openapi.models import Example
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, _presented_key
 from api.errors import QueryError, as_query_error
@@ -25,13 +27,19 @@ from api.schemas import (
     ConfigQuery,
     ConfigQueryItem,
     ConfigsPublic,
+    JobCreate,
     Match,
     MissOutcome,
+    StaleConfigPublic,
+    StaleConfigsPublic,
+    StaleReason,
 )
 from api.serving import Group, GroupKey, ServingIndex, serving_index
 from api.validation import check_dtype, check_shape, kernel_or_error
-from db import repo
+from db import repo, views
+from search_spaces import get_kernel, kernel_names
 from tuner.errors import InvalidRequest
+from tuner.identity import local_triton_version
 from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 
@@ -41,15 +49,48 @@ IndexDep = Annotated[ServingIndex, Depends(serving_index)]
 #: query parameters of GET /configs that are not problem dimensions
 _NON_DIMS = {"kernel", "dtype", "device", "kernel_version", "triton_version"}
 
-#: the dimensions of GET /configs are free-form query parameters (each kernel has its own):
-#: described here so that the OpenAPI page shows them with an example
-_DIMS_PARAMETER = {
-    "name": "dimensions", "in": "query", "required": True, "style": "form", "explode": True,
-    "description": "the problem shape, one integer parameter per dimension of the kernel "
-                   "(GET /kernels lists them), e.g. ``M=4096&N=4096&K=4096`` for matmul",
-    "schema": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
-    "example": {"M": 4096, "N": 4096, "K": 4096},
-}
+#: the example lookup of the OpenAPI document: /docs's "Try it out" starts from it
+_EXAMPLE_KERNEL, _EXAMPLE_DIM = "matmul", 4096
+DEVICE_EXAMPLE = "cuda:NVIDIA H200:sm90"
+
+
+def _example(value: str) -> dict[str, Example]:
+    """A parameter's example, at the parameter (/docs fills those in, not the schema's)."""
+    return {"example": {"value": value}}
+
+
+def document_dimensions(openapi: dict[str, Any]) -> None:
+    """Declare GET /configs's dimensions in the OpenAPI document: they are free-form query
+    parameters (each kernel has its own), so the route cannot declare them; here, one optional
+    integer parameter per dimension of any registered kernel, so that /docs's "Try it out"
+    can send a shape. Only the example kernel's dimensions carry an example (4096): /docs
+    fills every example in, and another kernel's dimension would make that lookup a 422."""
+    operation = openapi.get("paths", {}).get("/api/v1/configs", {}).get("get")
+    if operation is None:
+        return
+    names = kernel_names()
+    example_dims = [d.name for d in get_kernel(_EXAMPLE_KERNEL).dims] if (
+        _EXAMPLE_KERNEL in names) else []
+    # the example kernel's dimensions first, in its order; then the others as first seen
+    users: dict[str, list[TunableKernel]] = {dim: [] for dim in example_dims}
+    for name in names:
+        kernel = get_kernel(name)
+        for d in kernel.dims:
+            users.setdefault(d.name, []).append(kernel)
+    declared = {p["name"] for p in operation.get("parameters", [])}
+    for dim, kernels in users.items():
+        if dim in declared:
+            continue
+        used_by = ", ".join(k.name for k in kernels)
+        hi = max(d.hi for k in kernels for d in k.dims if d.name == dim)
+        parameter: dict[str, Any] = {
+            "name": dim, "in": "query", "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": hi},
+            "description": f"dimension {dim} of the problem shape, for {used_by}: give every "
+                           "dimension of the kernel and no other (GET /kernels lists them)"}
+        if dim in example_dims:
+            parameter["example"] = _EXAMPLE_DIM
+        operation.setdefault("parameters", []).append(parameter)
 
 
 def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
@@ -113,22 +154,21 @@ def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
 
 
 @router.get("", response_model=ConfigPublic, dependencies=[ReadAccess],
-            openapi_extra={"parameters": [_DIMS_PARAMETER]},
             responses={404: {"model": ConfigPublic,
                              "description": "nothing tuned applies: the body carries the "
                                             "kernel's default (``match: default``)"}})
 async def get_config(request: Request, index: IndexDep,
-               kernel: str = Query(max_length=100, examples=["matmul"]),
-               dtype: str = Query(max_length=20, examples=["float16"]),
+               kernel: str = Query(max_length=100, openapi_examples=_example("matmul")),
+               dtype: str = Query(max_length=20, openapi_examples=_example("float16")),
                device: str | None = Query(None, max_length=DEVICE_KEY_MAX,
-                                          examples=["cuda:NVIDIA H200:sm90"],
+                                          openapi_examples=_example(DEVICE_EXAMPLE),
                                           description="the caller's device key"),
                kernel_version: str | None = Query(
                    None, min_length=1, max_length=VERSION_MAX,
                    description="hash of the caller's kernel source; default: the kernel "
                                "registered here"),
                triton_version: str | None = Query(None, min_length=1, max_length=VERSION_MAX,
-                                                  examples=["3.6.0"],
+                                                  openapi_examples=_example("3.6.0"),
                                                   description="the caller's Triton version"),
                ) -> Any:
     """The best config for the caller's kernel, dtype and identity, and the shape given as one
@@ -231,3 +271,55 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
         data.append(answer)
     return ConfigsPublic(data=data, count=len(data))
 
+
+
+def registered_versions() -> dict[str, str]:
+    """Each registered kernel's version now (the hash of its source)."""
+    return {name: get_kernel(name).version for name in kernel_names()}
+
+
+def stale_public(stale: views.StaleBest) -> StaleConfigPublic:
+    """A stale best, with the job body that re-tunes it on its device (the budget of the job
+    that tuned it, else the default; ``force``: its stored best must not answer it)."""
+    row = stale.row
+    retune = None
+    if stale.retunable:
+        budget = {"trials": stale.budget_trials} if stale.budget_trials else {}
+        retune = JobCreate.model_validate({"kernel": row.kernel, "dtype": row.dtype,
+                                           "shapes": [row.shape], "device": row.device_key,
+                                           "force": True, "budget": budget})
+    return StaleConfigPublic(
+        id=row.id, kernel=row.kernel, dtype=row.dtype, shape=row.shape, device=row.device_key,
+        config=row.config, ms=row.p50_ms, measured=row.measured,
+        kernel_version=row.kernel_version, current_kernel_version=stale.current_kernel_version,
+        triton_version=row.triton_version, current_triton_version=stale.current_triton_version,
+        reasons=cast(list[StaleReason], list(stale.reasons)), updated_at=row.updated_at,
+        retune=retune)
+
+
+def find_stale(session: Session, kernel: str | None = None) -> list[views.StaleBest]:
+    """The stale bests (``views.stale_bests``) against the kernels registered here and, for a
+    device whose Triton is not on record, the Triton installed here."""
+    return views.stale_bests(session, kernel_versions=registered_versions(),
+                             installed_triton=local_triton_version(), kernel=kernel)
+
+
+@router.get("/stale", response_model=StaleConfigsPublic, dependencies=[ReadAccess])
+def stale_configs(session: SessionDep,
+                  kernel: str | None = Query(None, max_length=100, examples=["matmul"],
+                                             description="only this kernel's")
+                  ) -> StaleConfigsPublic:
+    """Stored bests that no longer match what runs, one per device, kernel, dtype and shape,
+    with why (``reasons``):
+
+    - ``kernel-version``: the kernel's source changed since it was tuned (its stored
+      ``kernel_version`` is not the registered kernel's ``current_kernel_version``): GET
+      /configs no longer serves it to callers of the current code;
+    - ``triton-version``: its device runs another Triton minor version now
+      (``current_triton_version``: as the device's workers registered it, else the Triton
+      installed here); it is served only as ``other-triton``.
+
+    A shape already tuned again for the current kernel and Triton is not listed. ``retune`` is
+    the body of the POST /jobs that tunes it again on its device."""
+    data = [stale_public(s) for s in find_stale(session, kernel)]
+    return StaleConfigsPublic(data=data, count=len(data))

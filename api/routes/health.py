@@ -18,6 +18,26 @@ from tuner.settings import Settings
 
 router = APIRouter(tags=["health"])
 
+_HEALTHZ_EXAMPLE = {
+    "status": "ok",
+    "workers": {"devices": [{"key": "cuda:NVIDIA H200:sm90", "alive": True,
+                             "seen_seconds_ago": 2.1}],
+                "workers": [{"id": "gpu0-host-1234", "host": "host", "index": 0,
+                             "uuid": "GPU-8d6a2f0c-1111-2222-3333-444455556666",
+                             "device": "cuda:NVIDIA H200:sm90", "kind": "cuda",
+                             "status": "busy", "alive": True, "task_id": 1, "error": None,
+                             "seen_seconds_ago": 2.1}],
+                "running": [{"task_id": 1, "job_id": "3f2b9c0e8d7a4b6f9e1d2c3b4a596877",
+                             "worker": "gpu0-host-1234", "device": "cuda:NVIDIA H200:sm90",
+                             "trials_done": 12, "lease_ok": True}],
+                "queued_tasks": 0},
+    "plugins": {"kernels": ["matmul", "softmax"], "errors": []}}
+
+
+def _example(example: dict[str, Any], description: str) -> dict[str, Any]:
+    """An OpenAPI response with an example body (these routes return plain dicts)."""
+    return {"description": description, "content": {"application/json": {"example": example}}}
+
 
 def worker_health(session: Session, settings: Settings) -> dict[str, Any]:
     """Devices whose workers beat within one lease length, every worker process known (its GPU
@@ -48,7 +68,7 @@ def _worker(row: Any, lease_seconds: float) -> dict[str, Any]:
             "task_id": w.task_id, "error": w.error, "seen_seconds_ago": w.seen_seconds_ago}
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses={200: _example(_HEALTHZ_EXAMPLE, "the process answers")})
 def healthz(request: Request) -> dict[str, Any]:
     """Always 200 while the process answers; ``workers`` is null when the database is not;
     ``plugins`` lists the registered kernels and the kernel plugins that failed to load."""
@@ -61,7 +81,10 @@ def healthz(request: Request) -> dict[str, Any]:
     return {"status": "ok", "workers": workers, "plugins": plugins}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={
+    200: _example({"status": "ready"}, "the database answers"),
+    503: _example({"status": "unavailable", "error": "could not connect to server"},
+                  "the database does not answer")})
 def readyz(request: Request) -> Any:
     try:
         with request.app.state.session_factory() as session:

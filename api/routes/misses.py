@@ -3,6 +3,8 @@ POST /configs/query), with what became of each."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 
 from api.deps import ReadAccess, SessionDep
@@ -24,9 +26,11 @@ def miss_public(miss: Miss) -> MissPublic:
 
 
 @router.get("", response_model=MissesPublic, dependencies=[ReadAccess])
-def list_misses(session: SessionDep, kernel: str | None = Query(None, max_length=100),
-                status: MissStatus | None = None, limit: int = Query(50, ge=1, le=500),
-                offset: int = Query(0, ge=0, le=INT32_MAX)) -> MissesPublic:
+def list_misses(session: SessionDep,
+                kernel: str | None = Query(None, max_length=100, examples=["matmul"]),
+                status: Annotated[MissStatus | None, Query(examples=["queued"])] = None,
+                limit: int = Query(50, ge=1, le=500, examples=[50]),
+                offset: int = Query(0, ge=0, le=INT32_MAX, examples=[0])) -> MissesPublic:
     """Recorded misses, most recently reported first (``count``: how many match in all).
     ``status`` is the status of the miss's tuning job (``queued``, ``running``, ``tuned``,
     ``failed``), else why none was queued (``rate-limited``, ``capped``,

@@ -19,6 +19,12 @@ zeros and never stored. A causal program's first key block always holds key 0 of
 range, so no row is fully masked there; the running max also starts finite, so a later
 fully masked block of a row only adds zeros.
 
+The K/V tiles come by pointer loads (``TMA=0``: cp.async, pipelined) or, ``TMA=1``, by the
+Hopper's tensor memory accelerator from host-side descriptors of the (B * H * S, D) views (the
+tutorial's Hopper path: no address arithmetic in the loop, fewer registers). A descriptor's
+last key block of a head may run into the next head's rows (zeros past the tensor's end):
+those keys are past S, masked to -inf, and their V rows weighted by exactly 0.
+
 Any head dim up to 256: the tile's D is BLOCK_D = max(16, next_pow2(D)) (``tl.dot`` needs 16),
 masked only when it is wider than D (a constexpr decision: power-of-two D loads unmasked).
 
@@ -39,6 +45,11 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+
+try:  # host-side TMA descriptors (Triton 3.4 and later)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the space offers TMA=0 only
+    TensorDescriptor = None
 
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
@@ -68,17 +79,21 @@ def _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexp
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok, lo, hi, S, qk_scale,
-            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-            CAUSAL: tl.constexpr, MASK_D: tl.constexpr):
+def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo, hi, S,
+            qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+            CAUSAL: tl.constexpr, MASK_D: tl.constexpr, TMA: tl.constexpr):
     """Fold the keys [lo, hi) into the online softmax (``lo`` a multiple of BLOCK_N).
-    ``k_tile``/``v_tile`` point at key 0's block; MASKED blocks mask keys past S (and, causal,
+    ``k_tile``/``v_tile`` point at key 0's block, or (TMA) are descriptors of the (B * H * S,
+    D) views whose row ``key_row`` is key 0; MASKED blocks mask keys past S (and, causal,
     keys after the query)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         keys_ok = cols[:, None] < S
-        k = _load_tile(k_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
+        if TMA:
+            k = k_tile.load([key_row + start_n, 0])
+        else:
+            k = _load_tile(k_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
         qk = tl.dot(q, tl.trans(k))
         if MASKED:
             keep = cols[None, :] < S
@@ -93,7 +108,10 @@ def _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok, lo, hi, S, q
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(v_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
+        if TMA:
+            v = v_tile.load([key_row + start_n, 0])
+        else:
+            v = _load_tile(v_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
@@ -103,7 +121,8 @@ def _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok, lo, hi, S, q
 def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            CAUSAL: tl.constexpr, MASK_D: tl.constexpr):
+                            CAUSAL: tl.constexpr, MASK_D: tl.constexpr,
+                            TMA: tl.constexpr):
     # One grid axis (B * H may pass the 65,535 of the others), query blocks fastest: the
     # programs running together share one head's K and V in L2. Causal rows differ in length:
     # the longest go first, so the short ones fill the last wave.
@@ -122,8 +141,13 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale,
     rows_ok = offs_m[:, None] < S
     q_tile = q_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     q = _load_tile(q_tile, rows_ok, d_ok, True, MASK_D)
-    k_tile = k_ptr + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    v_tile = v_ptr + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    if TMA:  # k_ptr, v_ptr are descriptors: the hardware copies the tiles
+        k_tile = k_ptr
+        v_tile = v_ptr
+    else:
+        k_tile = k_ptr + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        v_tile = v_ptr + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    key_row = bh * S  # this head's key 0 in the (B * H * S, D) views (TMA)
 
     m_i = tl.full([BLOCK_M], NEG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -131,21 +155,21 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale,
     if CAUSAL:
         # keys before the block's first row: every row sees them all, no mask
         diagonal = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok,
-                                0, diagonal, S, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                MASK_D)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
+                                d_ok, 0, diagonal, S, qk_scale, HEAD_DIM, BLOCK_N, False,
+                                CAUSAL, MASK_D, TMA)
         end = tl.minimum((start_m + 1) * BLOCK_M, S)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok,
-                                diagonal, end, S, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL,
-                                MASK_D)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
+                                d_ok, diagonal, end, S, qk_scale, HEAD_DIM, BLOCK_N, True,
+                                CAUSAL, MASK_D, TMA)
     else:
         full = S // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok,
-                                0, full, S, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                MASK_D)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, offs_m, offs_n, d_ok,
-                                full, S, S, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL,
-                                MASK_D)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
+                                d_ok, 0, full, S, qk_scale, HEAD_DIM, BLOCK_N, False,
+                                CAUSAL, MASK_D, TMA)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
+                                d_ok, full, S, S, qk_scale, HEAD_DIM, BLOCK_N, True,
+                                CAUSAL, MASK_D, TMA)
 
     out = acc / l_i[:, None]
     out_tile = out_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
@@ -169,8 +193,17 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     B, H, S, D = q.shape
     meta = dict(config.meta)
     meta.update(HEAD_DIM=D, BLOCK_D=block_d(D), CAUSAL=int(causal), MASK_D=int(block_d(D) != D))
+    meta.setdefault("TMA", 0)
+    keys: Any = k
+    values: Any = v
+    if meta["TMA"]:
+        if TensorDescriptor is None:
+            raise ValueError("TMA=1 needs triton.tools.tensor_descriptor (Triton 3.4 or later)")
+        block = [meta["BLOCK_N"], D]
+        keys = TensorDescriptor.from_tensor(k.view(B * H * S, D), block)
+        values = TensorDescriptor.from_tensor(v.view(B * H * S, D), block)
     grid = (triton.cdiv(S, meta["BLOCK_M"]) * B * H,)
-    return grid, (q, k, v, out, S, LOG2E / math.sqrt(D)), meta
+    return grid, (q, keys, values, out, S, LOG2E / math.sqrt(D)), meta
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -237,6 +270,21 @@ def _rows_per_warp(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
+def _tma(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """TMA copies whole (BLOCK_N, D) tiles of the (B * H * S, D) views: D must be the tile's
+    width (a power of two >= 16, no padding columns), rows 16-byte aligned, and the row
+    coordinates (32-bit) within reach."""
+    if not config.get("TMA"):
+        return None
+    D = ctx.shape["D"]
+    if block_d(D) != D or D * ctx.elem_bytes % 16:
+        return f"TMA needs a power-of-two head dim of at least 16 (D={D})"
+    rows = ctx.shape["B"] * ctx.shape["H"] * ctx.shape["S"]
+    if rows >= 2**31:
+        return f"TMA row coordinates are 32-bit: B * H * S = {rows}"
+    return None
+
+
 def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
     # a block longer than the (power-of-two padded) sequence only computes masked rows or keys
     cap = max(16, next_pow2(ctx.shape["S"]))
@@ -256,6 +304,9 @@ _KNOWN_GOOD = {
                (128, 32, 4, 4)],
 }
 _PARAMS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+#: K/V tiles by pointer loads (0) or by the Hopper's tensor memory accelerator (1), where
+#: this Triton has host-side descriptors
+TMA_VALUES = (0, 1) if TensorDescriptor is not None else (0,)
 
 #: scores the reference materialises at once (fp32: 512 MiB)
 REFERENCE_CHUNK = 1 << 27
@@ -312,8 +363,9 @@ class FlashAttentionKernel:
                 Param.pow2("BLOCK_N", 16, 256),
                 Param.pow2("num_warps", 1, 16),
                 Param.ints("num_stages", (1, 2, 3, 4, 5)),
+                Param("TMA", TMA_VALUES, "categorical"),
             ),
-            constraints=(_shared_memory, _registers, _rows_per_warp, _redundant_block),
+            constraints=(_shared_memory, _registers, _rows_per_warp, _redundant_block, _tma),
         )
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
@@ -331,15 +383,19 @@ class FlashAttentionKernel:
             stages -= 1
         while bn > 16 and elem * d * (bm + 2 * stages * bn) > DEFAULT_SMEM_LIMIT:
             bn //= 2
-        return KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        return KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, TMA=0)
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        """The default, then the tutorial's sm90 region for this head dim, keeping those that
+        """The default, then the tutorial's sm90 region for this head dim with pointer loads,
+        then its first four with TMA loads (the tutorial's Hopper path), keeping those that
         pass the space's constraints on this problem (H200 limits)."""
         listed = _KNOWN_GOOD["wide" if shape.get("D", 64) > 64 else "narrow"]
         configs = [self.default_config(shape, dtype)]
-        configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in listed]
-        space, ctx = self.space(), ProblemContext({"S": 1024, "D": 64, **shape}, dtype)
+        configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True)), TMA=0) for c in listed]
+        configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True)), TMA=1)
+                    for c in listed[:4] if 1 in TMA_VALUES]
+        space = self.space()
+        ctx = ProblemContext({"B": 1, "H": 1, "S": 1024, "D": 64, **shape}, dtype)
         return [c for c in dict.fromkeys(configs) if space.violation(c, ctx) is None]
 
     def make_inputs(
@@ -447,7 +503,8 @@ def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float
 
     smem = max(1, shared_memory(config, D, e))
     live = bm * (d + bn) / (32 * warps)  # fp32 accumulator and scores per thread
-    want = live + bm * bn * e / 4 / (32 * warps) + 32  # + probabilities, addresses
+    # + probabilities, addresses (TMA: the copy engine computes the K/V tiles' own)
+    want = live + bm * bn * e / 4 / (32 * warps) + (16 if config.get("TMA") else 32)
     limit = thread_registers(warps)
     regs = min(float(limit), want)
     occ = max(1, min(cm.SMEM_PER_SM // smem, cm.REGISTERS_PER_SM // int(regs * 32 * warps),
@@ -470,6 +527,8 @@ def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float
     t_lat = cm.LATENCY_S / max(1, stages - 1)
     t_step = (t_compute ** cm.P + t_chain ** cm.P + t_l2 ** cm.P
               + t_lat ** cm.P) ** (1.0 / cm.P)
+    if stages == 1:  # no load in flight during the block's work: its latency adds up
+        t_step += cm.LATENCY_S / groups
     if live >= limit:
         t_step *= 4.0
     elif want > limit:

@@ -25,12 +25,14 @@ from tuner.verification import compare
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(KERNELS)
 #: query blocks shorter, as long as, and longer than key blocks (the causal diagonal is then
-#: several key blocks, one, or part of one)
+#: several key blocks, one, or part of one), with pointer loads; then TMA descriptor loads
+#: (whose last key block of a head runs into the next head's rows, or past the tensor's end)
 CONFIGS = [
-    KernelConfig(BLOCK_M=16, BLOCK_N=32, num_warps=1, num_stages=2),
-    KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=3),
-    KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=2),
+    KernelConfig(BLOCK_M=16, BLOCK_N=32, num_warps=1, num_stages=2, TMA=0),
+    KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=3, TMA=0),
+    KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=2, TMA=0),
 ]
+TMA = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=2, TMA=1)
 #: S = 1, 17, 33 (a partial last block of queries and keys), 32 (whole blocks); D = 16 and 32
 #: (the tile's width) and 24 (a tile padded to 32)
 SHAPES = [{"B": 2, "H": 1, "S": 1, "D": 16}, {"B": 1, "H": 2, "S": 17, "D": 32},
@@ -61,7 +63,10 @@ def run(kernel, shape: dict[str, int], dtype: str, config: KernelConfig,
 @pytest.mark.parametrize("name", NAMES)
 def test_matches_the_fp32_reference_on_odd_shapes(name, shape, dtype):
     kernel = KERNELS[name]
-    for config in CONFIGS:
+    ctx = ProblemContext(shape, dtype)
+    tma = [TMA] if kernel.space().violation(TMA, ctx) is None else []
+    assert bool(tma) == (shape["D"] != 24)  # TMA needs an unpadded power-of-two head dim
+    for config in CONFIGS + tma:
         inputs = run(kernel, shape, dtype, config)
         result = check(kernel, inputs["out"], inputs, dtype)
         assert isinstance(result, float), (config, result)
@@ -97,19 +102,22 @@ def test_each_variant_computes_its_own_mask():
         assert isinstance(check(other, inputs["out"], inputs, dtype), str)
 
 
+@pytest.mark.parametrize("tma", [0, 1])
 @pytest.mark.parametrize("name", NAMES)
-def test_keys_past_the_sequence_get_no_weight(name):
+def test_keys_past_the_sequence_get_no_weight(name, tma):
     """Every real score is very negative (q and k point opposite ways): a padding key past S
-    left at score 0 (its K row loaded as zeros, unmasked) would take nearly all the weight
-    and pull the output towards its zero V row. S=17 in a key block of 64: 47 padding keys."""
+    left at score 0 (a K row loaded as zeros, unmasked) would take nearly all the weight and
+    pull the output towards its zero V row. S=17 in a key block of 64: 47 padding keys (with
+    TMA, the next head's first rows, then zeros past the tensor's end)."""
     kernel = KERNELS[name]
-    shape, dtype = {"B": 1, "H": 1, "S": 17, "D": 16}, "float32"
+    shape, dtype = {"B": 2, "H": 1, "S": 17, "D": 16}, "float32"
     inputs = kernel.make_inputs(shape, dtype, "cpu", seed=2)
     inputs["q"] = -4.0 * inputs["q"].abs()
     inputs["k"] = inputs["k"].abs() + 1.0
     assert float((inputs["q"] @ inputs["k"].transpose(-1, -2)).max()) < -20.0
     inputs["v"] += 3.0  # outputs far from the zeros a padding key would average in
-    kernel.launch(KernelConfig(BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2), inputs)
+    kernel.launch(KernelConfig(BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2, TMA=tma),
+                  inputs)
     result = check(kernel, inputs["out"], inputs, dtype)
     assert isinstance(result, float), result
 
@@ -204,24 +212,30 @@ TARGETS = [(CAUSAL, {"B": 4, "H": 32, "S": 4096, "D": 128}, "bfloat16"),
 def test_the_space_rejects_configs_that_cannot_run_well():
     space, ctx = KERNEL.space(), ProblemContext({"B": 4, "H": 32, "S": 4096, "D": 128},
                                                 "float16")
-    config = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)
+    config = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4, TMA=0)
     assert shared_memory(config, 128, 2) == 2 * 128 * (128 + 2 * 4 * 128)
     assert "shared memory" in space.violation(config, ctx)
-    assert space.violation(KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8,
-                                        num_stages=3), ctx) is None  # 224 KiB: fits
+    assert space.violation(KernelConfig(config, num_stages=3), ctx) is None  # 224 KiB: fits
     assert "registers" in space.violation(
-        KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2), ctx)
+        KernelConfig(config, num_warps=4, num_stages=2), ctx)
     # 16 warps leave a thread 128 registers: 256 x (128 + 128) / 512 is 128
     assert "has 128" in space.violation(
-        KernelConfig(BLOCK_M=256, BLOCK_N=128, num_warps=16, num_stages=1), ctx)
+        KernelConfig(config, BLOCK_M=256, num_warps=16, num_stages=1), ctx)
     assert "fewer than 16 rows" in space.violation(
-        KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2), ctx)
+        KernelConfig(config, BLOCK_M=64, BLOCK_N=64, num_stages=2), ctx)
     short = ProblemContext({"B": 1, "H": 1, "S": 17, "D": 16}, "float16")
     assert "longer than S=17" in space.violation(
-        KernelConfig(BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2), short)
+        KernelConfig(config, BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2), short)
     fp32 = ProblemContext({"B": 1, "H": 1, "S": 4096, "D": 256}, "float32")
     assert "shared memory" in space.violation(
-        KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2), fp32)
+        KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, TMA=0), fp32)
+    tma = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, TMA=1)
+    assert space.violation(tma, ctx) is None
+    odd_d = ProblemContext({"B": 4, "H": 32, "S": 4096, "D": 80}, "float16")
+    assert "power-of-two head dim" in space.violation(tma, odd_d)
+    assert space.violation(KernelConfig(tma, TMA=0), odd_d) is None
+    huge = ProblemContext({"B": 4096, "H": 1024, "S": 1024, "D": 64}, "float16")
+    assert "32-bit" in space.violation(tma, huge)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -241,7 +255,7 @@ def test_default_and_known_good_configs_pass_the_constraints(dtype):
 def test_the_target_problems_get_the_tutorial_s_configs():
     for kernel, shape, dtype in TARGETS:
         default = kernel.default_config(shape, dtype)
-        assert default.meta == {"BLOCK_M": 128, "BLOCK_N": 64}
+        assert default.meta == {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0}
         assert default.num_warps == (8 if shape["D"] == 128 else 4)
         assert len(kernel.known_good_configs(shape, dtype)) >= 8
 

@@ -40,7 +40,13 @@ BUILTINS: dict[str, str] = {
     **{f"matmul_epilogue_{v}": f"search_spaces.matmul_epilogue:{v.upper()}" for v in (
         "none", "relu", "gelu", "silu",
         "none_residual", "relu_residual", "gelu_residual", "silu_residual")},
+    "conv2d": "search_spaces.conv2d:NCHW",
+    "conv2d_nhwc": "search_spaces.conv2d:NHWC",
     "softmax": "search_spaces.softmax:KERNEL",
+    "flash_attention": "search_spaces.flash_attention:KERNEL",
+    "flash_attention_causal": "search_spaces.flash_attention:CAUSAL",
+    "vector_add": "search_spaces.vector_add:KERNEL",
+    "add_layernorm": "search_spaces.add_layernorm:KERNEL",
 }
 
 

@@ -241,7 +241,8 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
     try:
         fp = backend.fingerprint
         ctx = ProblemContext(shape, dtype, fp.smem_per_block or DEFAULT_SMEM_LIMIT,
-                             fp.sm_count or ProblemContext.sm_count)
+                             fp.sm_count or ProblemContext.sm_count,
+                             ProblemContext.capability_of(fp.compute_capability))
         space = kernel.space()
         configs = list(space)  # the whole space: what the constraints would prune included
         random.Random(0).shuffle(configs)

@@ -7,8 +7,10 @@ Liger-Kernel habit: ``_matmul_kernel`` (the @triton.jit kernel) -> ``matmul`` (t
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -110,37 +112,206 @@ def _matmul_kernel(
     store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N)
 
 
+@triton.jit
+def _matmul_persistent_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, NUM_SMS: tl.constexpr,
+):
+    # One program per SM walks the tiles start, start + NUM_SMS, ... in grouped order; the
+    # flattened loop lets the compiler pipeline the next tile's loads under this tile's store.
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # The store's tile is counted apart from the loads' (as the tutorial does: Triton's
+    # pipeliner mishandles one value used both before and after the K loop).
+    tile_c = start - NUM_SMS
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       pid_m, pid_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        tile_c += NUM_SMS
+        pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_cm, pid_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _matmul_tma_persistent_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    # The persistent loop with tensor-descriptor (TMA on sm_90+) loads and stores: the copy
+    # engine moves whole tiles, zero-filling past M, N and K and clipping the store, so no
+    # address or mask is computed per element. Rows must be contiguous and 16-byte aligned.
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                       block_shape=[BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                       block_shape=[BLOCK_M, BLOCK_N])
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tile_c = start - NUM_SMS
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+            b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        tile_c += NUM_SMS
+        pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        c_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _matmul_split_k_kernel(
+    a_ptr, b_ptr, ws_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    # Program (tile, split) sums its share of the K steps (the last shares may be short or
+    # empty) and writes the fp32 partial tile to its own slice of the workspace: no atomics,
+    # so the reduction below adds the splits in one fixed order (deterministic).
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    split = tl.program_id(1)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_first = (split * per_split).to(tl.int64)
+    k_steps = min(per_split, k_tiles - split * per_split)
+    acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m,
+                   pid_n, k_first, k_steps, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    ws = ws_ptr + split.to(tl.int64) * M * N
+    store_tile(ws, acc, M, N, N, 1, pid_m, pid_n, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _split_k_reduce_kernel(ws_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # C = the sum of the SPLIT_K partial products, split 0 first, in fp32, rounded once.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+#: The VARIANT parameter's values. Config values are ints (KernelConfig, the store, the API),
+#: so the algorithm is a categorical int; these are its names, by value.
+VARIANTS = ("tiled", "persistent", "tma_persistent", "split_k")
+TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K_VARIANT = range(len(VARIANTS))
+#: SPLIT_K's values: 1 for every variant but split_k, which takes one of the others
+SPLIT_KS = (1, 2, 4, 8, 16)
+#: NUM_SMS of the persistent variants on the CPU interpreter: few, so that each program walks
+#: several tiles in the tests
+INTERPRETER_SMS = 3
+#: the split-K reduction's tile (fixed: a memory-bound pass over SPLIT_K x M x N fp32)
+_REDUCE_BLOCK_M, _REDUCE_BLOCK_N = 16, 128
+#: whether this Triton builds device-side tensor descriptors (TMA loads on sm_90+; 3.6 and 3.9
+#: do, and the CPU interpreter runs them)
+HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton,
+                                                                            "set_allocator")
+
+
+def variant_of(config: Mapping[str, int]) -> int:
+    """The config's VARIANT; a config from before variants existed is the tiled kernel."""
+    return int(config.get("VARIANT", TILED))
+
+
 def even_k(K: int, block_k: int) -> bool:
     """Whether every K step is whole (the ``EVEN_K`` constexpr: no K mask in the loop). The
     compile shape keeps K mod 256, so it compiles the binary the real problem runs."""
     return K % block_k == 0
 
 
-def _args(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[Any, ...]:
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def num_sms(device: torch.device) -> int:
+    """Programs of the persistent variants: the device's SM count (a small constant on the
+    CPU interpreter)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def output_tiles(config: Mapping[str, int], shape: Mapping[str, int]) -> int:
+    """How many BLOCK_M x BLOCK_N tiles cover the M x N output."""
+    return triton.cdiv(shape["M"], config["BLOCK_M"]) * triton.cdiv(shape["N"], config["BLOCK_N"])
+
+
+def _set_tma_allocator(device: torch.device) -> None:
+    """Device-side descriptors live in global scratch memory the launch asks Triton's
+    allocator for (none is needed on the interpreter)."""
+    if device.type == "cuda":
+        def alloc(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+            return torch.empty(size, device=device, dtype=torch.int8)
+
+        triton.set_allocator(alloc)
+
+
+def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+              config: KernelConfig) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...],
+                                                  dict[str, Any]]]:
+    """The kernel launches computing ``out = a @ b`` with ``config``: (kernel, grid, args,
+    constexprs and launch options) each, in order."""
     (M, K), N = a.shape, b.shape[1]
-    return (a, b, out, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
-
-
-def _grid(a: torch.Tensor, b: torch.Tensor, meta: Mapping[str, int]) -> tuple[int]:
-    return (triton.cdiv(a.shape[0], meta["BLOCK_M"]) * triton.cdiv(b.shape[1], meta["BLOCK_N"]),)
+    variant = variant_of(config)
+    opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    tile = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+    ab = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    cs = (out.stride(0), out.stride(1))
+    tiles = output_tiles(config, {"M": M, "N": N})
+    if variant == TMA_PERSISTENT:
+        if a.stride(1) != 1 or b.stride(1) != 1 or out.stride(1) != 1:
+            raise ValueError("the tma_persistent variant needs row-major A, B and C")
+        grid = (min(num_sms(a.device), tiles),)
+        return [(_matmul_tma_persistent_kernel, grid,
+                 (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
+                 {**tile, "NUM_SMS": num_sms(a.device), **opts})]
+    meta = {**tile, "EVEN_K": even_k(K, config["BLOCK_K"]), **opts}
+    if variant == PERSISTENT:
+        grid = (min(num_sms(a.device), tiles),)
+        return [(_matmul_persistent_kernel, grid, (a, b, out, M, N, K, *ab, *cs),
+                 {**meta, "NUM_SMS": num_sms(a.device)})]
+    if variant == SPLIT_K_VARIANT:
+        split = int(config["SPLIT_K"])
+        ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)
+        reduce_grid = (triton.cdiv(M, _REDUCE_BLOCK_M), triton.cdiv(N, _REDUCE_BLOCK_N))
+        return [(_matmul_split_k_kernel, (tiles, split), (a, b, ws, M, N, K, *ab),
+                 {**meta, "SPLIT_K": split}),
+                (_split_k_reduce_kernel, reduce_grid, (ws, out, M, N, *cs),
+                 {"SPLIT_K": split, "BLOCK_M": _REDUCE_BLOCK_M, "BLOCK_N": _REDUCE_BLOCK_N,
+                  "num_warps": 4, "num_stages": 1})]
+    return [(_matmul_kernel, (tiles,), (a, b, out, M, N, K, *ab, *cs), meta)]
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig) -> None:
-    """out = a @ b with the given launch config."""
-    meta = {**config.meta, "EVEN_K": even_k(a.shape[1], config["BLOCK_K"])}
-    _matmul_kernel[_grid(a, b, meta)](*_args(a, b, out), **meta, num_warps=config.num_warps,
-                                      num_stages=config.num_stages)
+    """out = a @ b with the given config (its VARIANT picks the algorithm; the split-K
+    workspace is allocated here, so a timed launch includes it and the reduction)."""
+    if variant_of(config) == TMA_PERSISTENT:
+        _set_tma_allocator(a.device)
+    for kernel, grid, args, kwargs in _launches(a, b, out, config):
+        kernel[grid](*args, **kwargs)
 
 
 def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                    config: KernelConfig) -> None:
-    """Compile (or load from Triton's disk cache) without launching."""
-    meta = {**config.meta, "EVEN_K": even_k(a.shape[1], config["BLOCK_K"])}
-    _matmul_kernel.warmup(*_args(a, b, out), **meta, num_warps=config.num_warps,
-                          num_stages=config.num_stages, grid=_grid(a, b, meta))
-
-
+    """Compile (or load from Triton's disk cache) every kernel of the config without
+    launching."""
+    for kernel, grid, args, kwargs in _launches(a, b, out, config):
+        kernel.warmup(*args, grid=grid, **kwargs)
 
 
 def tile_shared_memory(stages: int, block_m: int, block_n: int, block_k: int,
@@ -167,8 +338,14 @@ def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
     # (e.g. 128x128x128 with 4 stages: 262,144 B > 232,448 B) and over-predicts 4 configs
     # (BLOCK_M=32, BLOCK_N=256, BLOCK_K=128, 4 stages) that Triton ran with fewer stages, each
     # 2.7x slower than the best.
-    return tile_shared_memory(config["num_stages"], config["BLOCK_M"], config["BLOCK_N"],
-                              config["BLOCK_K"], ctx)
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    if variant_of(config) == TMA_PERSISTENT:
+        # the descriptor store stages the output tile in shared memory besides the pipeline
+        stage_c = bm * bn * ctx.elem_bytes
+        ctx = replace(ctx, smem_limit=ctx.smem_limit - stage_c)
+        if ctx.smem_limit <= 0:
+            return f"the output tile alone needs {stage_c} B of shared memory"
+    return tile_shared_memory(config["num_stages"], bm, bn, config["BLOCK_K"], ctx)
 
 
 def _accumulator_registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
@@ -189,8 +366,62 @@ def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
+#: the split-K workspace's cap (SPLIT_K x M x N fp32): beyond it the round trip costs more
+#: than the parallelism gains, and its int32 offsets stay below 2**31
+MAX_WORKSPACE_BYTES = 1 << 30
+
+
+def _variant_params(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    # SPLIT_K only means something to split_k: elsewhere every value but 1 would be a
+    # duplicate of the same kernel; split_k with 1 is the tiled kernel plus a copy.
+    variant, split = variant_of(config), int(config.get("SPLIT_K", 1))
+    if variant != SPLIT_K_VARIANT and split != 1:
+        return f"SPLIT_K={split} is only used by VARIANT=split_k ({SPLIT_K_VARIANT})"
+    if variant == SPLIT_K_VARIANT and split == 1:
+        return "VARIANT=split_k needs SPLIT_K > 1 (with 1 it is the tiled kernel)"
+    return None
+
+
+def _split_k(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    if variant_of(config) != SPLIT_K_VARIANT:
+        return None
+    split = int(config["SPLIT_K"])
+    k_tiles = -(-ctx.shape["K"] // config["BLOCK_K"])
+    per_split = -(-k_tiles // split)
+    if (split - 1) * per_split >= k_tiles:
+        # an empty split: the same K partition as a smaller SPLIT_K, plus idle programs
+        return f"SPLIT_K={split} leaves a split without a K step ({k_tiles} steps)"
+    workspace = split * ctx.shape["M"] * ctx.shape["N"] * 4
+    if workspace > MAX_WORKSPACE_BYTES:
+        return f"the split-K workspace would take {workspace} B (cap {MAX_WORKSPACE_BYTES})"
+    return None
+
+
+def _persistent(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    variant = variant_of(config)
+    if variant == PERSISTENT:
+        tiles = output_tiles(config, ctx.shape)
+        if tiles <= ctx.sm_count:
+            # one tile per program: the tiled kernel with a loop around it
+            return f"{tiles} tiles fit on {ctx.sm_count} SMs: persistent is the tiled kernel"
+    if variant != TMA_PERSISTENT:
+        return None
+    if not HAS_TENSOR_DESCRIPTORS:
+        return f"Triton {triton.__version__} has no tl.make_tensor_descriptor"
+    if ctx.capability < 90:
+        return f"TMA needs compute capability 9.0 or newer (the device has {ctx.capability})"
+    if ctx.dtype not in ("float16", "bfloat16"):
+        # fp32 (TF32) wgmma wants B K-major; ours is N-major
+        return f"tma_persistent is for 16-bit inputs, not {ctx.dtype}"
+    e = ctx.elem_bytes
+    for dim, row in (("K", ctx.shape["K"] * e), ("N", ctx.shape["N"] * e)):
+        if row % 16:
+            return f"TMA needs 16-byte aligned rows ({dim} x {e} B = {row} B)"
+    return None
+
+
 # The Triton matmul tutorial's CUDA configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages),
-# plus two for skinny (decode-like) problems.
+# plus two for skinny (decode-like) problems: the tiled kernel.
 _KNOWN_GOOD = [
     (128, 256, 64, 8, 8, 3), (64, 256, 32, 8, 4, 4), (128, 128, 32, 8, 4, 4),
     (128, 64, 32, 8, 4, 4), (64, 128, 32, 8, 4, 4), (128, 32, 32, 8, 4, 4),
@@ -198,12 +429,50 @@ _KNOWN_GOOD = [
     (16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4),
 ]
 _PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+# The other variants' (VARIANT, SPLIT_K, then _PARAMS): the persistent tutorial's big tiles
+# (128x256x64, 8 warps, 3 stages; 128x128x64 with 4 stages) for large 16-bit problems, and
+# split-K for skinny and deep-K ones (few output tiles, many K steps).
+_KNOWN_GOOD_VARIANTS = [
+    (TMA_PERSISTENT, 1, 128, 256, 64, 8, 8, 3), (TMA_PERSISTENT, 1, 128, 128, 64, 8, 4, 4),
+    (TMA_PERSISTENT, 1, 128, 128, 64, 8, 8, 4), (PERSISTENT, 1, 128, 256, 64, 8, 8, 3),
+    (PERSISTENT, 1, 128, 128, 64, 8, 4, 4),
+    (SPLIT_K_VARIANT, 4, 16, 64, 128, 1, 4, 4), (SPLIT_K_VARIANT, 2, 16, 128, 64, 1, 4, 4),
+    (SPLIT_K_VARIANT, 4, 64, 64, 64, 8, 4, 4), (SPLIT_K_VARIANT, 2, 64, 128, 64, 8, 4, 4),
+]
+
+
+def tiled_space() -> SearchSpace:
+    """The tiled kernel's space (matmul's before variants; matmul_epilogue runs on it)."""
+    return SearchSpace(
+        params=(
+            Param.pow2("BLOCK_M", 16, 256),
+            Param.pow2("BLOCK_N", 32, 256),
+            Param.pow2("BLOCK_K", 32, 256),
+            Param.ints("GROUP_M", (1, 8)),
+            Param.pow2("num_warps", 2, 8),
+            Param.ints("num_stages", (2, 3, 4, 5)),
+        ),
+        constraints=(_shared_memory, _accumulator_registers, _redundant_tile),
+    )
+
+
+def tiled_known_good() -> list[KernelConfig]:
+    """The tiled kernel's known-good configs (in tiled_space)."""
+    return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in _KNOWN_GOOD]
+
+
+def tiled_default(shape: Mapping[str, int]) -> KernelConfig:
+    """A tiled config that runs on every shape and dtype, on any GPU with >= 100 KB of smem."""
+    block_m = 16 if shape.get("M", 128) <= 16 else 64
+    return KernelConfig(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4,
+                        num_stages=3)
 
 
 class MatmulKernel:
     name = "matmul"
     ref = "search_spaces.matmul:KERNEL"
-    description = "C = A @ B, row-major, fp32 accumulate, masked edges, grouped tile order"
+    description = ("C = A @ B, row-major, fp32 accumulate, masked edges, grouped tile order; "
+                   "variants tiled, persistent, tma_persistent, split_k")
     dims = (Dim("M", 1, 65536, "rows of A and C"), Dim("N", 1, 65536, "columns of B and C"),
             Dim("K", 1, 65536, "the reduction dimension"))
     dtypes = ("float16", "bfloat16", "float32")
@@ -215,26 +484,28 @@ class MatmulKernel:
         return source_version(sys.modules[__name__])
 
     def space(self) -> SearchSpace:
+        """The tiled space plus the algorithm: VARIANT (categorical, ``VARIANTS`` names its
+        values) and SPLIT_K (split_k's alone: a constraint keeps it 1 elsewhere). A config
+        recorded before variants existed (no VARIANT, no SPLIT_K) is the tiled kernel: each new
+        parameter's first value (a replay table's configs are mapped to it)."""
+        tiled = tiled_space()
         return SearchSpace(
-            params=(
-                Param.pow2("BLOCK_M", 16, 256),
-                Param.pow2("BLOCK_N", 32, 256),
-                Param.pow2("BLOCK_K", 32, 256),
-                Param.ints("GROUP_M", (1, 8)),
-                Param.pow2("num_warps", 2, 8),
-                Param.ints("num_stages", (2, 3, 4, 5)),
-            ),
-            constraints=(_shared_memory, _accumulator_registers, _redundant_tile),
+            params=(Param("VARIANT", tuple(range(len(VARIANTS))), "categorical"),
+                    Param.ints("SPLIT_K", SPLIT_KS), *tiled.params),
+            constraints=(_variant_params, _split_k, _persistent, *tiled.constraints),
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in _KNOWN_GOOD]
+        """The tiled kernel's first (they run everywhere), then the other variants'."""
+        tiled = [KernelConfig({**c, "VARIANT": TILED, "SPLIT_K": 1}) for c in tiled_known_good()]
+        names = ("VARIANT", "SPLIT_K", *_PARAMS)
+        return tiled + [KernelConfig(dict(zip(names, c, strict=True)))
+                        for c in _KNOWN_GOOD_VARIANTS]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
-        """A config that runs on every shape and dtype, on any GPU with >= 100 KB of smem."""
-        block_m = 16 if shape.get("M", 128) <= 16 else 64
-        return KernelConfig(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=32, GROUP_M=8,
-                            num_warps=4, num_stages=3)
+        """The tiled kernel's: runs on every shape and dtype, on any GPU with >= 100 KB of
+        smem."""
+        return KernelConfig({**tiled_default(shape), "VARIANT": TILED, "SPLIT_K": 1})
 
     def make_inputs(
         self, shape: Mapping[str, int], dtype: str, device: str, seed: int

@@ -14,8 +14,9 @@ is a kernel of its own, ``matmul_epilogue_<act>`` and ``matmul_epilogue_<act>_re
 in all), each with the dims M, N, K of ``matmul``. Integer flag dimensions (``ACT=2``) were the
 alternative; they would mix flags with sizes in the shape (the serving index's nearest-shape
 lookup and the cost model treat every dimension as a size) and need bounds starting at 1.
-The space, its constraints, the known-good configs and the prior are ``matmul``'s: the epilogue
-runs once per tile after the loop, when the A and B tiles' registers and shared memory are free.
+The space, its constraints, the known-good configs and the prior are those of ``matmul``'s tiled
+variant (matmul's other variants, VARIANT and SPLIT_K, are not offered here): the epilogue runs
+once per tile after the loop, when the A and B tiles' registers and shared memory are free.
 
 Same three layers as ``matmul``: ``_matmul_epilogue_kernel`` -> ``matmul_epilogue`` (the
 launcher) -> ``MatmulEpilogueKernel`` (the TunableKernel, one instance per epilogue).
@@ -32,7 +33,14 @@ import triton
 import triton.language as tl
 
 from search_spaces.matmul import KERNEL as MATMUL
-from search_spaces.matmul import even_k, grouped_tile, tile_dot
+from search_spaces.matmul import (
+    even_k,
+    grouped_tile,
+    tile_dot,
+    tiled_default,
+    tiled_known_good,
+    tiled_space,
+)
 from tuner.config import KernelConfig
 from tuner.dtypes import torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
@@ -154,14 +162,16 @@ class MatmulEpilogueKernel:
         return source_version(sys.modules[__name__], sys.modules[MATMUL.__module__])
 
     def space(self) -> SearchSpace:
-        return MATMUL.space()
+        """matmul's tiled kernel's (no VARIANT: the epilogue follows the tiled K loop)."""
+        return tiled_space()
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        return MATMUL.known_good_configs(shape, dtype)
+        return tiled_known_good()
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
-        """matmul's: runs on every shape and dtype, on any GPU with >= 100 KB of smem."""
-        return MATMUL.default_config(shape, dtype)
+        """matmul's tiled one: runs on every shape and dtype, on any GPU with >= 100 KB of
+        smem."""
+        return tiled_default(shape)
 
     def make_inputs(
         self, shape: Mapping[str, int], dtype: str, device: str, seed: int

@@ -63,6 +63,18 @@ class ProblemContext:
     smem_limit: int = DEFAULT_SMEM_LIMIT
     #: streaming multiprocessors (wave quantisation in cost models); H100/H200 SXM: 132
     sm_count: int = 132
+    #: compute capability as major * 10 + minor (which features a kernel may use, e.g. TMA
+    #: loads from 90); unknown devices (the CPU interpreter, replay tables) count as sm_90,
+    #: the device DEFAULT_SMEM_LIMIT describes
+    capability: int = 90
+
+    @staticmethod
+    def capability_of(text: str | None) -> int:
+        """``"9.0"`` (a device fingerprint's compute_capability) as 90; None as the default."""
+        if not text:
+            return ProblemContext.capability
+        major, _, minor = text.partition(".")
+        return int(major) * 10 + int(minor or 0)
 
     @property
     def elem_bytes(self) -> int:

@@ -83,17 +83,39 @@ class ReplayBackend:
         self.fingerprint: DeviceFingerprint = replay_fingerprint(
             table.device, table.triton_version, table.torch_version)
         self.calls = 0
+        #: parameters of the searched space that the table's configs lack, with the value
+        #: they stand for (restrict sets them)
+        self._added: dict[str, int] = {}
 
     @property
     def healthy(self) -> bool:
         return True
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
-        return SearchSpace(space.params, space.constraints, frozenset(self.table.results))
+        """The space limited to the table's configs. A parameter the kernel gained after the
+        table was recorded takes its first value, alone: the one that runs the code the table
+        measured (matmul's VARIANT=0, the tiled kernel, and SPLIT_K=1), so that samplers
+        never propose the others."""
+        self._added = {p.name: p.values[0] for p in space.params
+                       if p.name not in self.table.params}
+        params = tuple(replace(p, values=p.values[:1]) if p.name in self._added else p
+                       for p in space.params)
+        allowed = frozenset(KernelConfig({**c, **self._added}) for c in self.table.results)
+        return SearchSpace(params, space.constraints, allowed)
+
+    def _recorded(self, config: KernelConfig) -> KernelConfig | None:
+        """The table's key for ``config`` (None: a value of an added parameter the table never
+        ran; a config without the added parameters is one of the table's own)."""
+        if not self._added:
+            return config
+        if any(config.get(name, value) != value for name, value in self._added.items()):
+            return None
+        return KernelConfig({k: v for k, v in config.items() if k not in self._added})
 
     def _one(self, config: KernelConfig) -> Measurement:
         self.calls += 1
-        value = self.table.results.get(config)
+        key = self._recorded(config)
+        value = None if key is None else self.table.results.get(key)
         if value is None:
             return Measurement.failure(config, Outcome.COMPILE_ERROR,
                                        "config is not in the replay table")

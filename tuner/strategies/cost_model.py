@@ -16,6 +16,16 @@ grid over the SMs:
 - a per-tile fixed cost (prologue: filling the pipeline, epilogue: writing C) times the number of
   waves.
 
+matmul's variants (its ``VARIANT`` parameter; a config without one is the tiled kernel) change
+the grid, not the per-step model: ``persistent`` runs one program per SM, so no tail-wave launch
+and no per-tile prologue after the first (the flattened loop overlaps a tile's store with the
+next tile's loads), but one CTA per SM and quantisation of the tiles over the SMs;
+``tma_persistent`` adds copy-engine loads (no operand registers, no unaligned-row penalty: its
+constraint wants 16-byte rows, a little more tensor-core efficiency) and the output tile's
+staging in shared memory; ``split_k`` multiplies the programs by SPLIT_K and divides their K
+steps, for the fp32 workspace's round trip (written by the GEMM, read by a second launch that
+writes C).
+
 Only the *order* it induces matters; its constants are round numbers of an H100/H200 class GPU
 (they were sanity-checked, not fitted, on the recorded H200 tables). Spaces without BLOCK_M/N/K or
 problems without M/N/K get a flat prior (every config scores the same).
@@ -47,6 +57,19 @@ DEFAULT_SM_COUNT = 132
 #: warp-wide load instructions one SM issues per second for tiles whose rows are too unaligned for
 #: asynchronous copies (< 4 bytes: loads go through registers, one or two elements a thread)
 SYNC_LOAD_RATE = 2.5e8
+#: matmul's VARIANT values (search_spaces/matmul.py VARIANTS; a config without one is tiled)
+TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K = 0, 1, 2, 3
+#: tensor-core efficiency gained when TMA feeds the MMA (no load instructions or addresses
+#: competing with it for issue slots and registers)
+TMA_MMA_GAIN = 1.08
+#: memory latency a TMA k-step waits, relative to LATENCY_S: one copy instruction per tile,
+#: issued as soon as a stage frees, instead of per-thread address arithmetic and copies
+TMA_LATENCY = 0.7
+#: what a persistent program pays per tile after its first (the store, overlapped with the
+#: next tile's loads by the flattened loop), s
+PERSISTENT_TILE_S = 0.3e-6
+#: a kernel launch on the same stream right after another (split-K's reduction), s
+LAUNCH_S = 2.5e-6
 #: soft maximum exponent: how sharply the slowest limit dominates the others
 P = 3.0
 
@@ -75,23 +98,28 @@ def _softmax(*terms: float) -> float:
 
 def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     """Estimated run time in seconds (a ranking score, not a prediction to trust)."""
+    variant = int(config.get("VARIANT", TILED))
+    split = int(config.get("SPLIT_K", 1)) if variant == SPLIT_K else 1
     M, N, K = ctx.shape["M"], ctx.shape["N"], ctx.shape["K"]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     warps = int(config.get("num_warps", 4))
     stages = int(config.get("num_stages", 3))
     e = ctx.elem_bytes
     sms = ctx.sm_count or DEFAULT_SM_COUNT
+    tma = variant == TMA_PERSISTENT
 
     # -- residency: CTAs per SM from shared memory, registers and threads
-    smem = max(1, stages * bk * (bm + bn) * e)
+    smem = max(1, stages * bk * (bm + bn) * e + (bm * bn * e if tma else 0))
     # unaligned rows (K or N not a multiple of 16 bytes) load in narrower vectors; below 4 bytes
     # there is no asynchronous copy: tiles go through registers, a pipeline stage holds them
     # there, and the stages do not hide latency (warps do)
     vec_a, vec_b = _alignment(K * e), _alignment(N * e)
-    sync = min(vec_a, vec_b) < 4
+    sync = min(vec_a, vec_b) < 4 and not tma  # (TMA needs 16-byte rows: its constraint)
     acc_regs = bm * bn / (32 * warps)
     if sync:  # one register per load (<= 4 B), twice: as loaded and in the dot's layout
         operand_regs = 2 * (bm * bk * e / vec_a + bk * bn * e / vec_b) / (32 * warps)
+    elif tma:  # the copy engine writes shared memory: no addresses or operands in registers
+        operand_regs = 0.0
     else:
         operand_regs = (bm + bn) * bk * e / 4 / (32 * warps) / 2
     want_regs = acc_regs + operand_regs + 32
@@ -99,32 +127,53 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     occ = max(1, min(SMEM_PER_SM // smem, REGISTERS_PER_SM // int(regs * 32 * warps),
                      THREADS_PER_SM // (32 * warps), 32))
     tiles = _cdiv(M, bm) * _cdiv(N, bn)
-    waves = _cdiv(tiles, sms * occ)
-    resident = min(tiles, sms * occ)  # CTAs running at once
+    k_iters = _cdiv(_cdiv(K, bk), split)  # split-K: each program's share of the K steps
+    programs = tiles * split
+    if variant in (PERSISTENT, TMA_PERSISTENT):
+        # one program per SM walks ceil(tiles / SMs) tiles; only the first tile pays the
+        # pipeline's fill and the launch, later ones overlap their store with the next loads
+        occ = 1
+        programs = min(tiles, sms)
+    waves = _cdiv(programs, sms * occ)
+    resident = min(programs, sms * occ)  # CTAs running at once
     per_sm = _cdiv(resident, sms)  # CTAs sharing one SM's tensor cores
-    k_iters = _cdiv(K, bk)
 
     # -- one k-step of one CTA: the slowest of tensor cores, L2 bandwidth, memory latency
     eff = WARP_EFFICIENCY.get(warps, 0.8)
     if bm < 64:  # below the warp-group MMA's 64 rows: mma.sync, padded
         eff *= 0.6
+    if tma:
+        eff = min(1.0, eff * TMA_MMA_GAIN)
     t_mma = 2.0 * bm * bn * bk * per_sm / (SM_FLOPS * eff)
     t_l2 = (bm + bn) * bk * e * resident / L2_BW
     t_lat = LATENCY_S / max(1, stages - 1)
+    if tma:
+        t_lat *= TMA_LATENCY
     t_ld = 0.0
     if sync:
         instrs = (bm * bk * e / vec_a + bk * bn * e / vec_b) / 32
         t_ld = instrs * per_sm / SYNC_LOAD_RATE
         t_lat = LATENCY_S / max(1, min(4, per_sm * warps // 4))
     t_step = _softmax(t_mma, t_l2, t_lat, t_ld)
-    t_tile = k_iters * t_step + LATENCY_S + TILE_OVERHEAD_S
+    persistent = variant in (PERSISTENT, TMA_PERSISTENT)
+    if persistent:
+        t_tile = k_iters * t_step + PERSISTENT_TILE_S
+    else:
+        t_tile = k_iters * t_step + LATENCY_S + TILE_OVERHEAD_S
     if acc_regs >= 256:  # the accumulator alone fills the register file: it spills
         t_tile *= 4.0
     elif want_regs > 255:  # operands held in registers spill
         t_tile *= 1.0 + 8.0 * (want_regs / 255.0 - 1.0)
-    t_grid = waves * t_tile
-    t_dram = ((M * K + K * N) * e + M * N * e) / DRAM_BW
-    return _softmax(t_grid, t_dram)
+    if persistent:
+        t_grid = _cdiv(tiles, sms) * t_tile + LATENCY_S + TILE_OVERHEAD_S
+    else:
+        t_grid = waves * t_tile
+    c_bytes = M * N * (4 * split if split > 1 else e)
+    t_dram = ((M * K + K * N) * e + c_bytes) / DRAM_BW
+    t = _softmax(t_grid, t_dram)
+    if split > 1:  # the reduction: a second launch reading the fp32 partials, writing C
+        t += LAUNCH_S + M * N * (4 * split + e) / DRAM_BW
+    return t
 
 
 def estimate(config: Mapping[str, int], ctx: ProblemContext) -> float:

@@ -15,9 +15,9 @@ they are needed: blocks of keys that every query row of the program may see (all
 full-attention, those before the program's first row for causal) run without any mask, and
 only the blocks that straddle the diagonal (causal) or the end of the sequence (an S that is
 not a multiple of BLOCK_N) are masked. Keys past S get -inf; query rows past S are computed on
-zeros and never stored. A causal program's first key block always holds key 0 of its rows'
-range, so no row is fully masked there; the running max also starts finite, so a later
-fully masked block of a row only adds zeros.
+zeros and never stored. A program's first key block starts at or before its first query, so
+every row sees a key there; the running max also starts finite, so a later fully masked block
+of a row (causal, BLOCK_N < BLOCK_M) only adds zeros, never NaN.
 
 The K/V tiles come by pointer loads (``TMA=0``: cp.async, pipelined) or, ``TMA=1``, by the
 Hopper's tensor memory accelerator from host-side descriptors of the (B * H * S, D) views (the

@@ -64,7 +64,7 @@ def stale_bests(session: Session, *, kernel_versions: Mapping[str, str],
     Triton minor (re-tuned since) is not stale, nor is a kernel that is not registered here
     (nothing to re-tune it with). Ordered by kernel, dtype, device and shape."""
     tritons = device_triton_versions(session, installed_triton)
-    kinds = dict(session.execute(select(Device.key, Device.kind)).tuples().all())
+    kinds = dict(session.execute(select(Device.key, Device.kind)).all())
     rows = [r for r in repo.list_best(session, kernel=kernel) if r.kernel in kernel_versions]
     current: set[_Identity] = set()
     stale: dict[_Identity, tuple[BestConfig, tuple[str, ...]]] = {}
@@ -102,7 +102,7 @@ def _budgets(session: Session, task_ids: list[int]) -> dict[int, int]:
     if not task_ids:
         return {}
     rows = session.execute(select(Task.id, Job.budget_trials).join(Job, Task.job_id == Job.id)
-                           .where(Task.id.in_(task_ids))).tuples()
+                           .where(Task.id.in_(task_ids)))
     return dict(rows.all())
 
 
@@ -128,10 +128,10 @@ def stored_shapes(session: Session, kernel: str | None = None) -> list[StoredSha
              .order_by(BestConfig.kernel, BestConfig.dtype, BestConfig.shape_key))
     if kernel:
         query = query.where(BestConfig.kernel == kernel)
-    groups = session.execute(query).tuples().all()
+    groups = session.execute(query).all()
     first_ids = [g[3] for g in groups]
     rows = session.execute(select(BestConfig.id, BestConfig.shape)
-                           .where(BestConfig.id.in_(first_ids))).tuples()
+                           .where(BestConfig.id.in_(first_ids)))
     shapes: dict[int, dict[str, Any]] = dict(rows.all())
     return [StoredShape(k, d, shapes[first], key, n) for k, d, key, first, n in groups]
 
@@ -153,7 +153,7 @@ def shape_tasks(session: Session, *, kernel: str, dtype: str,
     rows = session.execute(
         select(Task, Job).join(Job, Task.job_id == Job.id)
         .where(Job.kernel == kernel, Job.dtype == dtype, Task.shape_key == shape_key)
-        .order_by(Job.created_at.desc(), Task.id.desc()).limit(MAX_TASKS_COMPARED)).tuples()
+        .order_by(Job.created_at.desc(), Task.id.desc()).limit(MAX_TASKS_COMPARED))
     return list(rows.all())
 
 

@@ -1,7 +1,8 @@
-"""The ``tuner`` command: tune kernels, list, export and import configs, run workers, serve.
+"""The ``tuner`` command: tune kernels, list, export and import configs, run workers, serve,
+and submit, follow and cancel jobs on a running service.
 
 Bad input gets one clear line on stderr and exit status 2; a tuning run that finds no working
-config exits 1.
+config exits 1 (the service commands' other statuses: ``tuner.cli_service``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ EXIT_NO_RESULT = 1
 #: ``tuner.strategies.strategy_names()``, spelled out so that ``--help`` need not import the
 #: strategies (optuna); tests/test_cli.py checks that the two agree
 STRATEGY_NAMES = ("auto", "exhaustive", "gp", "model", "model-tpe", "random", "tpe")
+#: where ``tuner serve`` listens unless told otherwise, and so where the service commands look
+#: for it without ``--url`` or ``TUNER_URL``
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,14 +69,15 @@ def _parser() -> argparse.ArgumentParser:
                              "its share (default 1; tuner serve passes its count)")
 
     serve = sub.add_parser("serve", help="start the API and one worker per local GPU")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default=DEFAULT_HOST)
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--workers", type=int, default=None,
                        help="worker processes (default: one per GPU, or one interpreter worker)")
     serve.add_argument("--backend", default=None, choices=["auto", "cuda", "interpret"])
     serve.add_argument("--api-workers", type=int, default=None, metavar="N",
                        help="API processes (default: TUNER_API_WORKERS, 2; 0: one per core)")
     _add_file_commands(sub)
+    _add_service_commands(sub)
     return parser
 
 
@@ -109,6 +116,71 @@ def _add_file_commands(sub: Any) -> None:
     _add_db_option(load)
 
 
+def _add_service_commands(sub: Any) -> None:
+    """``submit``, ``status``, ``wait``, ``cancel``: a running service's jobs, over HTTP."""
+    submit = sub.add_parser("submit", help="queue a tuning job on the service (prints its id "
+                            "and dashboard page)")
+    submit.add_argument("kernel", help="registered kernel name (e.g. matmul)")
+    submit.add_argument("--shape", action="append", metavar="DIMS", help="e.g. "
+                        "M=4096,N=4096,K=4096; repeat it for more shapes (one task each)")
+    submit.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32 "
+                        "(default: float16)")
+    submit.add_argument("--trials", type=int, default=48, help="trial budget per shape "
+                        "(default 48)")
+    submit.add_argument("--seconds", type=float, default=None, help="time budget per shape")
+    submit.add_argument("--strategy", default="auto", metavar="NAME",
+                        help=f"search strategy: {', '.join(STRATEGY_NAMES)} (default: auto)")
+    submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument("--device", help="the device key that must run it, e.g. 'cuda:NVIDIA "
+                        "H200:sm90' (default: any worker)")
+    submit.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
+    submit.add_argument("--force", action="store_true", help="tune shapes already tuned for "
+                        "the device again")
+    submit.add_argument("--wait", action="store_true", help="then wait for it as tuner wait "
+                        "does (and exit as it does)")
+    _add_wait_options(submit)
+    _add_service_options(submit)
+
+    status = sub.add_parser("status", help="a job's status, per shape: trials done, best so "
+                            "far (without JOB: the newest jobs)")
+    status.add_argument("job", nargs="?", metavar="JOB", help="a job id, or its first "
+                        "characters (at least 4)")
+    status.add_argument("--status", dest="status", default=None, metavar="STATE",
+                        help="without JOB: only jobs in this state (queued, running, "
+                        "succeeded, failed, cancelled)")
+    status.add_argument("--limit", type=int, default=20, help="without JOB: how many jobs "
+                        "(default 20)")
+    _add_service_options(status)
+
+    wait = sub.add_parser("wait", help="follow a job until it finishes: exit 0 if it "
+                          "succeeded, 1 if it failed or was cancelled, 4 on --timeout")
+    wait.add_argument("job", metavar="JOB", help="a job id, or its first characters "
+                      "(at least 4)")
+    _add_wait_options(wait)
+    _add_service_options(wait)
+
+    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    cancel.add_argument("job", metavar="JOB", help="a job id, or its first characters "
+                        "(at least 4)")
+    _add_service_options(cancel)
+
+
+def _add_wait_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="SECONDS",
+                         help="stop waiting after this long, exit 4; the job goes on "
+                         "(default: a day)")
+    command.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                         help="seconds between two looks at the job (default 1)")
+    command.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _add_service_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--url", default=None, help=f"the service (default: TUNER_URL, else "
+                         f"{DEFAULT_URL}); the API key is TUNER_API_KEY")
+    command.add_argument("--json", action="store_true", help="print one JSON object (status "
+                         "without JOB: a list)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -127,12 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from tuner import cli_commands
+    from tuner import cli_commands, cli_service
 
     handler = {"tune": cli_commands.tune, "configs": cli_commands.configs,
                "kernels": cli_commands.kernels, "worker": cli_commands.worker,
                "serve": cli_commands.serve, "export": cli_commands.export,
-               "import": cli_commands.import_configs}[args.command]
+               "import": cli_commands.import_configs, "submit": cli_service.submit,
+               "status": cli_service.status, "wait": cli_service.wait,
+               "cancel": cli_service.cancel}[args.command]
     result: Any = handler(args)
     return int(result)
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner.cli_service import job_page, service_url
 from tuner.dtypes import check_dtype, check_interpreter_dtype
 from tuner.errors import InvalidRequest, InvalidShape
 from tuner.kernel import TunableKernel
@@ -92,10 +93,13 @@ def tune(args: argparse.Namespace) -> int:
                               dtype=dtype, shapes=[shape], budget_trials=args.trials,
                               budget_seconds=args.seconds, strategy=args.strategy, force=True,
                               seed=args.seed, backend=backend, device_key=None)
-        task_id = job.tasks[0].id
+        job_id, task_id = job.id, job.tasks[0].id
         repo.start_task_locally(session, task_id, worker_id=CLI_WORKER)
         session.commit()
+    page = job_page(service_url(args), job_id)
     progress = _Progress(args.trials, enabled=not (args.no_progress or args.json))
+    if progress.bar is not None:
+        print(f"tuner: job {job_id}: {page}", file=sys.stderr)
     started = time.monotonic()
     # SIGINT (also where a shell started us with it ignored) and SIGTERM end the run: the
     # search stops, its best verified config so far is stored and the job ends cancelled (a
@@ -114,7 +118,8 @@ def tune(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     progress.close()
     wall = time.monotonic() - started
-    summary = _summary(kernel, shape, dtype, backend, outcome, wall)
+    summary = {**_summary(kernel, shape, dtype, backend, outcome, wall), "job_id": job_id,
+               "dashboard_url": page}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -216,6 +221,8 @@ def _finalists(result: Any) -> list[dict[str, Any]]:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
+    print(f"job      {s['job_id']}  {s['dashboard_url']} (when tuner serve runs on this "
+          "database)")
     print(f"kernel   {s['kernel']} ({s['kernel_version']})  {shape_label(s['shape'])} "
           f"{s['dtype']}")
     print(f"device   {s['device']}  [backend: {s['backend']}]")
@@ -247,6 +254,8 @@ def configs(args: argparse.Namespace) -> int:
         rows = repo.list_best(session, kernel=args.kernel, device_key=args.device,
                               dtype=args.dtype)
         data = [_config_row(r) for r in rows]
+    if not data:
+        _check_kernel_filter(args.kernel)
     if args.json:
         print(json.dumps(data))
         return 0
@@ -257,6 +266,16 @@ def configs(args: argparse.Namespace) -> int:
         print(f"{d['kernel']:<8} {d['dtype']:<9} {shape_label(d['shape']):<18} "
               f"{d['device_key']:<28} {d['p50_ms']:.4f} ms  {json.dumps(d['config'])}")
     return 0
+
+
+def _check_kernel_filter(name: str | None) -> None:
+    """UnknownKernel, listing the known kernels, for a ``--kernel`` that matched nothing
+    because no kernel has that name here (a typo); configs of kernels stored by another
+    installation are still listed by name."""
+    if name:
+        from search_spaces import get_kernel
+
+        get_kernel(name)
 
 
 def _config_row(r: Any) -> dict[str, Any]:
@@ -305,6 +324,8 @@ def export(args: argparse.Namespace) -> int:
         rows = repo.list_best(session, kernel=args.kernel, device_key=args.device,
                               dtype=args.dtype)
         entries = [_entry_of(r) for r in rows if _selected(r, where, args)]
+    if not rows:
+        _check_kernel_filter(args.kernel)
     if not entries:
         print(f"tuner: {_nothing_matches(args)}", file=sys.stderr)
         return 1

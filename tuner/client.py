@@ -7,7 +7,8 @@ again for ``retry_after_s``, so a model with many kernels pays the deadline once
 ONE deadline for a whole lookup request (connecting, sending, and reading the answer however
 slowly the server trickles it), not a per-read timeout. The only error a lookup raises is
 ``UnknownKernel``, for a kernel this installation does not have (there is no default to give).
-``submit``/``job``/``wait`` raise ``TunerClientError``.
+The job methods (``submit``, ``job``, ``jobs``, ``wait``, ``cancel``) raise ``TunerClientError``:
+``ServiceUnreachable`` when no answer came, ``JobTimeout`` when ``wait`` gave up.
 
 The client sends who is asking with every lookup: its device key (detected: the current CUDA
 GPU, or the interpreter under ``TRITON_INTERPRET=1``), its Triton version and the kernel's
@@ -26,9 +27,10 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -57,7 +59,55 @@ def _retry_after(response: httpx.Response) -> float:
 
 
 class TunerClientError(Exception):
-    """The service refused a request or could not be reached (submit, job, wait)."""
+    """The service refused a job request or could not be reached (submit, job, jobs, wait,
+    cancel). ``status``: the HTTP status of the answer (None: there was none); ``detail``: the
+    service's error items (``{"loc": [...], "msg": ..., "type": ...}``, the shape of every
+    error the API sends; empty when it sent none)."""
+
+    def __init__(self, message: str, status: int | None = None,
+                 detail: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = [dict(d) for d in detail]
+
+    @property
+    def field(self) -> str | None:
+        """The input the service named, dotted and without its place in the request
+        (``shapes.0.K``, ``budget.trials``, ``job_id``); None when it named none."""
+        loc = self.detail[0].get("loc") if self.detail else None
+        parts = [str(p) for p in loc[1:]] if isinstance(loc, list) and loc else []
+        return ".".join(parts) or None
+
+    @property
+    def reason(self) -> str:
+        """What the service said was wrong (its messages), else this error's message."""
+        said = [str(d["msg"]) for d in self.detail if d.get("msg")]
+        return "; ".join(said) or str(self)
+
+
+class ServiceUnreachable(TunerClientError):
+    """No answer came: the service is down, the address is wrong or the network failed."""
+
+
+class JobTimeout(TunerClientError):
+    """``wait`` gave up before the job finished (the job goes on). ``job``: as last seen."""
+
+    def __init__(self, message: str, job: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+def _error_detail(response: httpx.Response) -> list[dict[str, Any]]:
+    """The error items of an answer: the API's ``detail`` list, or its text as one item (a
+    401/403 from the key check, a proxy's error page)."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, list) and all(isinstance(d, dict) for d in detail):
+        return detail
+    text = detail if isinstance(detail, str) else response.text[:300]
+    return [{"loc": [], "msg": text or response.reason_phrase, "type": "http_error"}]
 
 
 class _DeadlineExceeded(Exception):
@@ -112,6 +162,12 @@ def _with_deadline(call: Any, deadline_s: float) -> Any:
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def _job_path(job_id: str) -> str:
+    """The API path of a job; the id is quoted whole (a ``/`` or ``?`` typed into it must not
+    name another resource)."""
+    return f"/api/v1/jobs/{quote(job_id, safe='')}"
 
 
 class TunerClient:
@@ -327,6 +383,9 @@ class TunerClient:
         for attempt in range(JOB_REQUEST_RETRIES + 1):
             try:
                 response = self._http.request(method, url, **kwargs)
+            except httpx.TransportError as exc:
+                raise ServiceUnreachable(f"cannot reach the tuning service at {self.base_url} "
+                                         f"({type(exc).__name__}: {exc})") from exc
             except httpx.HTTPError as exc:
                 raise TunerClientError(f"{method} {url}: {exc}") from exc
             if response.status_code != 503 or attempt == JOB_REQUEST_RETRIES:
@@ -334,7 +393,8 @@ class TunerClient:
             log.info("%s %s: 503 (%s); retrying", method, url, response.text[:200])
             time.sleep(_retry_after(response))
         if response.status_code >= 400:
-            raise TunerClientError(f"{method} {url}: {response.status_code} {response.text}")
+            raise TunerClientError(f"{method} {url}: {response.status_code} {response.text}",
+                                   status=response.status_code, detail=_error_detail(response))
         try:
             result: dict[str, Any] = response.json()
         except ValueError as exc:
@@ -346,24 +406,52 @@ class TunerClient:
                force: bool = False, device: str | None = None) -> str:
         """Queue a tuning job; returns its id (an identical active job's id when there is
         one)."""
+        return str(self.submit_job(kernel, shapes, dtype, trials=trials, seconds=seconds,
+                                   strategy=strategy, force=force, device=device)["id"])
+
+    def submit_job(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str, *,
+                   trials: int = 48, seconds: float | None = None, strategy: str = "auto",
+                   force: bool = False, device: str | None = None, seed: int = 0,
+                   backend: str = "auto") -> dict[str, Any]:
+        """Queue a tuning job; the service's answer: ``id``, ``status``, ``url``,
+        ``deduplicated`` (an identical active job was returned) and ``answered_from_store``
+        (shapes already tuned, answered at once)."""
         body = {"kernel": kernel, "dtype": dtype, "shapes": [dict(s) for s in shapes],
                 "budget": {"trials": trials, "seconds": seconds}, "strategy": strategy,
-                "force": force, "device": device}
-        return str(self._request("POST", "/api/v1/jobs", json=body)["id"])
+                "force": force, "device": device, "seed": seed, "backend": backend}
+        return self._request("POST", "/api/v1/jobs", json=body)
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._request("GET", f"/api/v1/jobs/{job_id}")
+        """The job and its tasks; ``job_id``: its id or a unique prefix of it (4 characters
+        or more)."""
+        return self._request("GET", _job_path(job_id))
 
-    def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> dict[str, Any]:
-        """Poll until the job is finished; TunerClientError when ``timeout`` passes first."""
+    def jobs(self, status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest jobs (of that status), newest first."""
+        params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
+        return list(self._request("GET", "/api/v1/jobs", params=params)["data"])
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job (id or unique prefix); the job as it is now (a
+        finished job is left as it was)."""
+        return self._request("POST", f"{_job_path(job_id)}/cancel")
+
+    def wait(self, job_id: str, timeout: float = 3600.0, poll: float = 1.0,
+             on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the job is finished and return it; ``on_poll`` sees the job at every
+        poll (progress). JobTimeout, with the job as last seen, when ``timeout`` passes first
+        (the job goes on)."""
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)
+            if on_poll is not None:
+                on_poll(job)
             if job["status"] in TERMINAL:
                 return job
-            if time.monotonic() > deadline:
-                raise TunerClientError(f"job {job_id} still {job['status']} after {timeout} s")
-            time.sleep(poll)
+            if time.monotonic() >= deadline:
+                raise JobTimeout(f"job {job['id']} still {job['status']} after {timeout:g} s",
+                                 job)
+            time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
 
     def close(self) -> None:
         self._http.close()

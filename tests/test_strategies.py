@@ -135,6 +135,46 @@ def test_cost_model_prefers_big_tiles_on_a_big_square_and_small_ones_on_a_skinny
     assert cost_model.estimate_s(config, wide) <= cost_model.estimate_s(config, big)
 
 
+def best_estimate_by_variant(shape: dict[str, int], dtype: str) -> dict[str, float]:
+    from search_spaces.matmul import VARIANTS
+
+    ctx = ProblemContext(shape, dtype)
+    best: dict[str, float] = {}
+    for c in get_kernel("matmul").space().feasible(ctx):
+        name = VARIANTS[c["VARIANT"]]
+        best[name] = min(best.get(name, math.inf), cost_model.estimate(c, ctx))
+    return best
+
+
+def test_cost_model_ranks_the_matmul_variants():
+    """Persistent grids beat the tiled one on a many-wave problem (no tail wave, no per-tile
+    prologue), split-K wins where few output tiles meet a deep K, and loses (its workspace
+    round trip and second launch) where K is short."""
+    big = best_estimate_by_variant({"M": 8192, "N": 8192, "K": 8192}, "bfloat16")
+    assert min(big["persistent"], big["tma_persistent"]) < big["tiled"] < big["split_k"]
+    deep = best_estimate_by_variant({"M": 64, "N": 512, "K": 16384}, "float16")
+    assert deep["split_k"] < min(deep["tiled"], deep["tma_persistent"])
+    short = best_estimate_by_variant({"M": 256, "N": 256, "K": 64}, "float16")
+    assert short["tiled"] < short["split_k"]
+    # TMA is pruned where rows are not 16-byte aligned
+    odd = best_estimate_by_variant({"M": 777, "N": 1234, "K": 4321}, "float16")
+    assert "tma_persistent" not in odd and {"tiled", "split_k"} <= set(odd)
+
+
+def test_cost_model_tiled_estimates_are_those_of_configs_without_a_variant():
+    """Configs recorded before variants (no VARIANT, no SPLIT_K) are the tiled kernel: the
+    same estimate, and the recorded tables' model searches stay as they were."""
+    ctx = ProblemContext({"M": 1000, "N": 3000, "K": 500}, "float16")
+    for c in list(get_kernel("matmul").space().feasible(ctx))[::97]:
+        if c["VARIANT"] == 0:
+            old = KernelConfig({k: v for k, v in c.items() if k not in ("VARIANT", "SPLIT_K")})
+            assert cost_model.estimate(old, ctx) == cost_model.estimate(c, ctx)
+    one = KernelConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4,
+                       num_stages=3)
+    split = KernelConfig({**one, "VARIANT": 3, "SPLIT_K": 4})
+    assert cost_model.estimate(split, ctx) != cost_model.estimate(one, ctx)
+
+
 def test_cost_model_is_flat_where_it_does_not_apply():
     space = SearchSpace((Param.pow2("BLOCK_N", 32, 256), Param.ints("num_warps", (4, 8))))
     ctx = ProblemContext({"N": 1000}, "float16")

@@ -40,15 +40,11 @@ def _parser() -> argparse.ArgumentParser:
                       "table's shape)")
     tune.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 "
                       "(default: float16, or the replay table's)")
-    tune.add_argument("--trials", type=int, default=48, help="trial budget (default 48)")
-    tune.add_argument("--seconds", type=float, default=None, help="time budget in seconds")
+    _add_budget_options(tune, "")
     tune.add_argument("--backend", default="auto",
                       choices=["auto", "cuda", "interpret", "replay"])
     tune.add_argument("--replay", metavar="FILE", help="a replay-v1 table (implies --backend "
                       "replay)")
-    tune.add_argument("--strategy", default="auto", metavar="NAME",
-                      help=f"search strategy: {', '.join(STRATEGY_NAMES)} (default: auto)")
-    tune.add_argument("--seed", type=int, default=0)
     tune.add_argument("--json", action="store_true", help="print one JSON object")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -79,6 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_file_commands(sub)
     _add_service_commands(sub)
     return parser
+
+
+def _add_budget_options(command: argparse.ArgumentParser, per: str) -> None:
+    """The search's budget and strategy, alike for ``tune`` and ``submit``."""
+    command.add_argument("--trials", type=int, default=48, help=f"trial budget{per} "
+                         "(default 48)")
+    command.add_argument("--seconds", type=float, default=None, help=f"time budget{per} in "
+                         "seconds")
+    command.add_argument("--strategy", default="auto", metavar="NAME",
+                         help=f"search strategy: {', '.join(STRATEGY_NAMES)} (default: auto)")
+    command.add_argument("--seed", type=int, default=0)
 
 
 def _add_db_option(command: argparse.ArgumentParser) -> None:
@@ -125,12 +132,7 @@ def _add_service_commands(sub: Any) -> None:
                         "M=4096,N=4096,K=4096; repeat it for more shapes (one task each)")
     submit.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32 "
                         "(default: float16)")
-    submit.add_argument("--trials", type=int, default=48, help="trial budget per shape "
-                        "(default 48)")
-    submit.add_argument("--seconds", type=float, default=None, help="time budget per shape")
-    submit.add_argument("--strategy", default="auto", metavar="NAME",
-                        help=f"search strategy: {', '.join(STRATEGY_NAMES)} (default: auto)")
-    submit.add_argument("--seed", type=int, default=0)
+    _add_budget_options(submit, " per shape")
     submit.add_argument("--device", help="the device key that must run it, e.g. 'cuda:NVIDIA "
                         "H200:sm90' (default: any worker)")
     submit.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
@@ -143,8 +145,7 @@ def _add_service_commands(sub: Any) -> None:
 
     status = sub.add_parser("status", help="a job's status, per shape: trials done, best so "
                             "far (without JOB: the newest jobs)")
-    status.add_argument("job", nargs="?", metavar="JOB", help="a job id, or its first "
-                        "characters (at least 4)")
+    _add_job_argument(status, optional=True)
     status.add_argument("--status", dest="status", default=None, metavar="STATE",
                         help="without JOB: only jobs in this state (queued, running, "
                         "succeeded, failed, cancelled)")
@@ -154,15 +155,19 @@ def _add_service_commands(sub: Any) -> None:
 
     wait = sub.add_parser("wait", help="follow a job until it finishes: exit 0 if it "
                           "succeeded, 1 if it failed or was cancelled, 4 on --timeout")
-    wait.add_argument("job", metavar="JOB", help="a job id, or its first characters "
-                      "(at least 4)")
+    _add_job_argument(wait)
     _add_wait_options(wait)
     _add_service_options(wait)
 
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
-    cancel.add_argument("job", metavar="JOB", help="a job id, or its first characters "
-                        "(at least 4)")
+    _add_job_argument(cancel)
     _add_service_options(cancel)
+
+
+def _add_job_argument(command: argparse.ArgumentParser, optional: bool = False) -> None:
+    command.add_argument("job", metavar="JOB", nargs="?" if optional else None,
+                         help="a job id, or its first characters (at least 4: the dashboard "
+                         "shows 8)")
 
 
 def _add_wait_options(command: argparse.ArgumentParser) -> None:

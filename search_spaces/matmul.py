@@ -441,6 +441,10 @@ _KNOWN_GOOD_VARIANTS = [
 ]
 
 
+#: the SM count the known-good configs were chosen for (H100/H200 SXM)
+_H200_SMS = 132
+
+
 def tiled_space() -> SearchSpace:
     """The tiled kernel's space (matmul's before variants; matmul_epilogue runs on it)."""
     return SearchSpace(
@@ -496,11 +500,18 @@ class MatmulKernel:
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        """The tiled kernel's first (they run everywhere), then the other variants'."""
+        """The tiled kernel's first (they run everywhere), then those of the other variants
+        that suit the problem: the persistent ones where 128x128 tiles fill more than one wave
+        of an H200's SMs, split-K where 64x64 tiles fill less than two (idle SMs, or a
+        half-empty last wave) and K is deep (a warm start spends a trial on each)."""
         tiled = [KernelConfig({**c, "VARIANT": TILED, "SPLIT_K": 1}) for c in tiled_known_good()]
         names = ("VARIANT", "SPLIT_K", *_PARAMS)
-        return tiled + [KernelConfig(dict(zip(names, c, strict=True)))
-                        for c in _KNOWN_GOOD_VARIANTS]
+        others = [KernelConfig(dict(zip(names, c, strict=True))) for c in _KNOWN_GOOD_VARIANTS]
+        m, n, k = shape.get("M", 1), shape.get("N", 1), shape.get("K", 1)
+        big = triton.cdiv(m, 128) * triton.cdiv(n, 128) > _H200_SMS
+        few = triton.cdiv(m, 64) * triton.cdiv(n, 64) < 2 * _H200_SMS and k >= 1024
+        suits = {PERSISTENT: big, TMA_PERSISTENT: big, SPLIT_K_VARIANT: few}
+        return tiled + [c for c in others if suits[c["VARIANT"]]]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """The tiled kernel's: runs on every shape and dtype, on any GPU with >= 100 KB of

@@ -190,8 +190,12 @@ def test_known_good_and_default_configs_are_in_the_space_and_run():
     shape = {"M": 4096, "N": 4096, "K": 4096}
     good = k.known_good_configs(shape, "float16")
     assert all(space.contains(c) for c in good)
-    assert {c["VARIANT"] for c in good} == set(range(len(mm.VARIANTS)))
+    assert {c["VARIANT"] for c in good} == {mm.TILED, mm.PERSISTENT, mm.TMA_PERSISTENT}
     assert good[0]["VARIANT"] == mm.TILED  # the ones that run everywhere come first
+    # a skinny deep-K problem gets split-K's instead of the persistent ones
+    skinny = k.known_good_configs({"M": 16, "N": 4096, "K": 4096}, "float16")
+    assert {c["VARIANT"] for c in skinny} == {mm.TILED, mm.SPLIT_K_VARIANT}
+    assert all(space.contains(c) for c in skinny)
     ctx = ProblemContext(shape, "bfloat16")
     assert space.violation(good[0], ctx) is None
     tma = variant("tma_persistent", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8,

@@ -17,6 +17,13 @@ strategies' budget-dependent startup length). Two settings: cold (the strategy a
 (the product's default: the kernel's known-good configs tried first; they count against the
 budget). Score: (random - strategy) / (random - 1) on median ratios, so random search is 0 and the
 optimum 1. CPU only; runs in parallel over processes.
+
+    python3 -m bench.search_quality --stop-rule [--seeds 5] [--out ...md] [tables ...]
+
+``--stop-rule``: the default strategy with the search loop's default "no expected gain" stop
+(``SearchOptions.stop_chance``), the budget (48) as the cap: per table, the trials each run used
+and its best / the table's optimum when it stopped, cold and warm, and the runs that stopped
+more than the band (2%) off the optimum.
 """
 
 from __future__ import annotations
@@ -57,6 +64,99 @@ def one_run(job: Job) -> tuple[str, bool, str, list[float]]:
                         SearchOptions(trials=max(budgets), seed=seed, strategy=strategy,
                                       warm_start=start, retime_rounds=0))
     return strategy, warm, path, [best_after(result.trials, b) / table.best_ms for b in budgets]
+
+
+StopJob = tuple[str, int, bool, int]
+#: what the stop rule is judged by: a stopped run's best within this of the optimum
+STOP_BAND = 0.02
+
+
+def stop_run(job: StopJob) -> tuple[str, bool, int, float, str]:
+    """One search of a table with the default stop rule: (table, warm, trials used, best /
+    optimum, stop reason)."""
+    path, seed, warm, cap = job
+    from search_spaces import get_kernel
+    from tuner.backends.replay import ReplayBackend, load_table
+    from tuner.search import DEFAULT_STOP_CHANCE, SearchOptions, known_good_first, run_search
+
+    table = load_table(path)
+    kernel = get_kernel(table.kernel)
+    backend = ReplayBackend(table)
+    # warm as a worker starts a shape nothing is stored for: the known-good configs its
+    # prior ranks best (tuner.worker.warm_start_configs)
+    start = known_good_first(kernel, table.shape, table.dtype,
+                             backend.restrict(kernel.space())) if warm else []
+    result = run_search(kernel, table.shape, table.dtype, backend,
+                        SearchOptions(trials=cap, seed=seed, warm_start=start, retime_rounds=0,
+                                      stop_chance=DEFAULT_STOP_CHANCE))
+    used = len(result.trials)
+    return path, warm, used, best_after(result.trials, used) / table.best_ms, result.stop_reason
+
+
+StopRow = tuple[int, float, str]
+
+
+def stop_rule_table(runs: dict[tuple[str, bool], list[StopRow]], names: list[str],
+                    warm: bool, band: float = STOP_BAND) -> list[str]:
+    """Per table: trials used (median, max), best / optimum (median, worst), how the runs
+    stopped, and the runs the rule stopped early more than ``band`` off the optimum."""
+    title = "warm (the known-good configs the prior ranks best first)" if warm else "cold"
+    lines = [f"### {title}", "",
+             "| table | runs | trials median | trials max | best/opt median | best/opt worst | "
+             "stopped by the rule | stopped by the rule outside the band |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path in names:
+        rows = runs.get((path, warm), [])
+        if not rows:
+            continue
+        used = [r[0] for r in rows]
+        ratio = [r[1] for r in rows]
+        ruled = [r for r in rows if r[2] == "no expected gain"]
+        bad = [r for r in ruled if r[1] > 1 + band]
+        lines.append(f"| {Path(path).stem} | {len(rows)} | {statistics.median(used):g} | "
+                     f"{max(used)} | {statistics.median(ratio):.3f} | {max(ratio):.3f} | "
+                     f"{len(ruled)} | {len(bad)} |")
+    every = [r for (_p, w), rows in runs.items() if w == warm for r in rows]
+    if every:
+        within = sum(r[1] <= 1 + band for r in every)
+        lines.append(f"| **all** | {len(every)} | {statistics.median(r[0] for r in every):g} | "
+                     f"{max(r[0] for r in every)} | "
+                     f"{statistics.median(r[1] for r in every):.3f} | "
+                     f"{max(r[1] for r in every):.3f} | "
+                     f"{sum(r[2] == 'no expected gain' for r in every)} | "
+                     f"{sum(r[2] == 'no expected gain' and r[1] > 1 + band for r in every)} |")
+        lines += ["", f"{within} of {len(every)} runs ended within {band:.0%} of the optimum."]
+    return lines + [""]
+
+
+def stop_rule_main(args: argparse.Namespace, argv: Sequence[str], paths: list[str]) -> str:
+    from tuner.search import (
+        DEFAULT_STOP_BAND,
+        DEFAULT_STOP_CHANCE,
+        DEFAULT_STOP_MIN_TRIALS,
+        DEFAULT_STOP_QUIET,
+    )
+
+    cap = max(int(b) for b in args.budgets.split(","))
+    settings = (False,) if args.cold_only else (False, True)
+    jobs: list[StopJob] = [(p, seed, warm, cap) for warm in settings for p in paths
+                           for seed in range(args.seeds)]
+    t0 = time.monotonic()
+    runs: dict[tuple[str, bool], list[StopRow]] = {}
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for path, warm, used, ratio, reason in pool.map(stop_run, jobs):
+            runs.setdefault((path, warm), []).append((used, ratio, reason))
+    lines = ["# The \"no expected gain\" stop on replay tables", "",
+             f"Command: `python3 -m bench.search_quality {' '.join(argv)}` (CPU, "
+             f"{time.strftime('%Y-%m-%d')}, {time.monotonic() - t0:.0f} s)", "",
+             f"Default strategy, {args.seeds} seeds, budget {cap} as the cap; the stop: at least "
+             f"{DEFAULT_STOP_MIN_TRIALS} trials, no improvement for {DEFAULT_STOP_QUIET}, and the "
+             f"model's chance that an untried config beats the best by over "
+             f"{DEFAULT_STOP_BAND:.0%} under {DEFAULT_STOP_CHANCE:.0%}. best/opt: the best "
+             "found when the run ended / the table's optimum.", ""]
+    for warm in settings:
+        lines += stop_rule_table(runs, paths, warm)
+    return "\n".join(lines) + "\n"
 
 
 Ratios = dict[str, dict[int, list[float]]]
@@ -193,6 +293,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="trial counts the ratio is read at; the largest is the run's budget")
     ap.add_argument("--cold-only", action="store_true", help="skip the warm-start setting")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--stop-rule", action="store_true",
+                    help="the default strategy with the default stop rule: trials used and "
+                         "best/optimum per table")
     return ap.parse_args(argv)
 
 
@@ -247,6 +350,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"search_quality: no replay tables{which}; pass table paths or globs",
               file=sys.stderr)
         return 2
+    if args.stop_rule:
+        text = stop_rule_main(args, argv, paths)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text)
+        print(text)
+        return 0
     strategies = args.strategies.split(",")
     if "random" not in strategies:
         strategies.append("random")

@@ -28,12 +28,23 @@ from tuner.measurement import Measurement, Outcome
 from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext, SearchSpace
 from tuner.strategies import kernel_has_prior, kernel_prior, make_strategy, resolve_strategy
 from tuner.strategies.base import Strategy
+from tuner.strategies.model_based import estimates
 
 log = logging.getLogger(__name__)
 
 #: proposals in a row that were pruned or already tried before the loop picks an untried
 #: feasible config at random instead (so a sampler stuck on one region cannot stall the search)
 MAX_WASTED_PROPOSALS = 25
+#: the "no expected gain" stop's defaults (``SearchOptions.stop_chance``), chosen on the
+#: recorded H200 tables with ``bench/search_quality.py --stop-rule`` (bench/NOTES.md)
+DEFAULT_STOP_CHANCE = 0.05
+DEFAULT_STOP_BAND = 0.02
+DEFAULT_STOP_MIN_TRIALS = 8
+DEFAULT_STOP_QUIET = 6
+#: how many of a kernel's known-good configs (and its default) a search tries first: those its
+#: prior ranks best. All of them cost 10+ trials before the model leads; on the recorded H200
+#: tables the prior's 5 best find the optimum as often in ~6 fewer trials (bench/NOTES.md)
+KNOWN_GOOD_FIRST = 5
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,16 @@ class SearchOptions:
     patience: int | None = None
     #: relative improvement that counts as one (at least the measured noise)
     min_improvement: float = 0.01
+    #: "the model expects no gain": once ``stop_min_trials`` trials were measured and the
+    #: best has not improved (beyond the noise) for ``stop_quiet`` of them, stop when the
+    #: strategy's chance that an untried config beats the best by more than ``stop_band``
+    #: (``Strategy.improvement_chance``) is under this; None or 0: never (``trials`` alone
+    #: decides). Workers pass ``DEFAULT_STOP_CHANCE``: there ``trials`` is a cap. Strategies
+    #: without a model (samplers, exhaustive) never stop this way.
+    stop_chance: float | None = None
+    stop_band: float = DEFAULT_STOP_BAND
+    stop_min_trials: int = DEFAULT_STOP_MIN_TRIALS
+    stop_quiet: int = DEFAULT_STOP_QUIET
     #: the fastest time the device's measured ceilings allow for this problem (the roofline:
     #: max(FLOPs / matmul peak, bytes / copy bandwidth)); None: unknown
     floor_ms: float | None = None
@@ -211,12 +232,31 @@ class SearchLoop:
             return "cancelled"
         if o.patience and self.best() and len(self.trials) - self._best_at >= o.patience:
             return "converged"
+        if self._expects_no_gain():
+            return "no expected gain"
         best = self.best() if o.floor_ms and o.roofline_stop else None
         if best is not None and self._near_roofline(best):
             return "near roofline"
         if not self.backend.healthy:
             return "device unhealthy"
         return None
+
+    def improvement_chance(self) -> float | None:
+        """The strategy's chance that an untried config beats the best by ``stop_band``
+        (None: no best yet, or a strategy without a model)."""
+        best = self.best()
+        if best is None or not best.p50_ms:
+            return None
+        return self.strategy.improvement_chance(best.p50_ms, self.options.stop_band)
+
+    def _expects_no_gain(self) -> bool:
+        o = self.options
+        if not o.stop_chance or len(self.trials) < o.stop_min_trials:
+            return False
+        if len(self.trials) - self._best_at < o.stop_quiet:
+            return False
+        chance = self.improvement_chance()
+        return chance is not None and chance < o.stop_chance
 
     def _reaches_roofline(self, ms: float | None) -> bool:
         o = self.options
@@ -336,6 +376,24 @@ class SearchLoop:
             incumbent = replace(again, compile_s=incumbent.compile_s,
                                 max_error=incumbent.max_error)
         return finalists, incumbent, baseline
+
+
+def known_good_first(kernel: TunableKernel, shape: Mapping[str, int], dtype: str,
+                     space: SearchSpace | None = None, ctx: ProblemContext | None = None,
+                     limit: int = KNOWN_GOOD_FIRST) -> list[KernelConfig]:
+    """The kernel's known-good configs and its default that ``space`` allows on this problem,
+    the ``limit`` its prior ranks best (the kernel's own order without a prior): what a search
+    tries after the stored bests of nearby shapes."""
+    ctx = ctx or ProblemContext(dict(shape), dtype)
+    space = space or kernel.space()
+    configs = [c for c in dict.fromkeys([*kernel.known_good_configs(shape, dtype),
+                                         kernel.default_config(shape, dtype)])
+               if space.contains(c) and space.violation(c, ctx) is None]
+    prior = kernel_prior(kernel)
+    if prior is not None and configs:
+        score = estimates(configs, ctx, prior)
+        configs = [configs[i] for i in sorted(range(len(configs)), key=lambda i: score[i])]
+    return configs[:limit]
 
 
 def run_search(kernel: TunableKernel, shape: Mapping[str, int], dtype: str, backend: Backend,

@@ -30,7 +30,13 @@ from tuner.errors import TunerError, WorkerDied
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.roofline import floor_ms as roofline_floor_ms
-from tuner.search import SearchOptions, SearchResult, run_search
+from tuner.search import (
+    DEFAULT_STOP_CHANCE,
+    SearchOptions,
+    SearchResult,
+    known_good_first,
+    run_search,
+)
 from tuner.settings import Settings
 from tuner.shapes import shape_distance, shape_key
 
@@ -64,8 +70,9 @@ def _measurement_of(trial: Any) -> Measurement:
 
 def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str, dtype: str,
                        shape: dict[str, int], space: Any) -> list[KernelConfig]:
-    """Stored bests first (nearest shapes on this device, then this shape on other devices),
-    then the kernel's known-good configs and its default."""
+    """Stored bests first (the nearest shapes on this device: a sweep's shapes seed each
+    other; then this shape on other devices), then the kernel's known-good configs and its
+    default that its prior ranks best (``known_good_first``)."""
     configs: list[KernelConfig] = []
     rows = repo.list_best(session, kernel=kernel.name, dtype=dtype)
     here = [r for r in rows if r.device_key == device_key and r.kernel_version == kernel.version]
@@ -74,8 +81,9 @@ def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str,
     key = shape_key(shape)
     configs += [KernelConfig(r.config) for r in rows
                 if r.device_key != device_key and r.shape_key == key][:2]
-    configs += kernel.known_good_configs(shape, dtype)
-    configs.append(kernel.default_config(shape, dtype))
+    # then the known-good configs (and the default) the kernel's prior ranks best on this
+    # shape: all of them would cost 10+ trials before the model leads
+    configs += known_good_first(kernel, shape, dtype, space)
     return [c for c in dict.fromkeys(configs) if space.contains(c)]
 
 
@@ -101,7 +109,9 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
         options_base = dict(trials=job.budget_trials, seed=job.seed, strategy=job.strategy,
                             time_budget_s=job.budget_seconds,
                             patience=settings.patience or None,
-                            roofline_stop=settings.roofline_stop or None)
+                            roofline_stop=settings.roofline_stop or None,
+                            stop_chance=getattr(settings, "stop_chance", DEFAULT_STOP_CHANCE)
+                            or None)
         job_id = job.id
     try:
         backend = open_backend(backend_kind, kernel, shape, dtype, seed=job_seed(options_base),

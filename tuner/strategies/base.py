@@ -47,6 +47,12 @@ class Strategy(ABC):
     def tell(self, config: KernelConfig, measurement: Measurement) -> None:
         """Learn the measurement of ``config`` (asked or not)."""
 
+    def improvement_chance(self, best_ms: float, band: float) -> float | None:
+        """The strategy's belief that some untried config runs faster than ``best_ms * (1 -
+        band)``: the search loop's "no expected gain" stop (``SearchOptions.stop_chance``).
+        None: the strategy has no model to say (samplers, exhaustive); the rule never fires."""
+        return None
+
     def objective(self, measurement: Measurement) -> float:
         """log(ms) for a verified run; a failure scores worse than every success seen so far,
         so that samplers steer away from the region it came from."""

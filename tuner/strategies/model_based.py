@@ -93,6 +93,10 @@ class ModelStrategy(Strategy):
     #: residuals are clipped to +-this (log-time) for the per-value correction, so that one
     #: pathological config does not condemn every config sharing a value with it
     clip = 0.3
+    #: the prediction error (log-time) believed before any is measured, and how many
+    #: measured errors that belief weighs (``prediction_sigma``)
+    sigma_prior = 0.25
+    sigma_prior_weight = 3.0
 
     def __init__(self, space: SearchSpace, ctx: ProblemContext, seed: int, budget: int,
                  prior: Prior | None = None) -> None:
@@ -112,6 +116,9 @@ class ModelStrategy(Strategy):
         self.obs_x: list[np.ndarray] = []
         self.obs_r: list[float] = []
         self._queue = diverse_top(self.configs, self.startup)
+        #: out-of-sample errors (measured - predicted log-time) of the verified configs told
+        #: once the model had a fit: what the stop rule's chance of an improvement rests on
+        self.errors: list[float] = []
 
     def ask(self) -> KernelConfig | None:
         while self._queue:
@@ -159,9 +166,43 @@ class ModelStrategy(Strategy):
         if self.tried[i]:
             return
         self.tried[i] = True
+        if measurement.ok and len(self.obs_r) >= 2:  # the fit before this config was known
+            pred, support = self._predict()
+            self.errors.append((value - float(pred[i])) / self._spread(float(support[i])))
         self.obs_x.append(self.coords[i])
         self.obs_i.append(i)
         self.obs_r.append(value - (self.est[i] if math.isfinite(self.est[i]) else 0.0))
+
+
+    def _spread(self, support: float) -> float:
+        """How much of the model's prediction error remains at a config with this much
+        measured ``support`` nearby (1 far from every measurement, less near them)."""
+        return math.sqrt(self.prior_weight / (self.prior_weight + support))
+
+    def prediction_sigma(self) -> float:
+        """How far (log-time, one standard deviation) a measurement lands from the model's
+        prediction: the RMS of its out-of-sample errors so far, shrunk towards
+        ``sigma_prior`` while there are few."""
+        n = len(self.errors)
+        sq = 2.0 * sum(min(e, 0.0) ** 2 for e in self.errors)
+        return math.sqrt((self.sigma_prior_weight * self.sigma_prior ** 2 + sq)
+                         / (self.sigma_prior_weight + n))
+
+    def improvement_chance(self, best_ms: float, band: float) -> float | None:
+        """The chance, as the model sees it, that the most promising untried config beats
+        ``best_ms`` by more than ``band``: a normal around its predicted log-time with the
+        model's measured prediction error (``prediction_sigma``). 0.0 when nothing is left."""
+        free = ~self.tried
+        for c in self.asked:
+            free[self.index[c]] = False
+        if not free.any() or best_ms <= 0:
+            return 0.0
+        pred, support = self._predict()
+        target = math.log(best_ms) + math.log1p(-band)
+        spread = self.prediction_sigma() * np.sqrt(
+            self.prior_weight / (self.prior_weight + support[free]))
+        z = float(((target - pred[free]) / spread).max())
+        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
 class ModelTPEStrategy(TPEStrategy):

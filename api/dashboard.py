@@ -61,6 +61,9 @@ STATIC = HERE / "static"
 MAX_FAILURES_LISTED = 200
 #: configs drawn in the parallel-coordinates view (the fastest ones)
 MAX_PARCOORDS = 300
+#: trials in the HTML of a job page's trials table, for browsers without JavaScript (the
+#: page's script draws the table from the page's data, every trial, a page at a time)
+TRIALS_LISTED = 100
 #: the last page a list can be asked for (its offset stays within the database's integers)
 MAX_PAGE = 10**6
 #: seconds between server-sent progress events
@@ -243,7 +246,8 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
 def _job_context(session: Session, job: Job, request: Request) -> dict[str, Any]:
     """What the job page's parts are rendered from (the page, and its live refresh)."""
     return {"job": job, "shapes": _shapes(session, job), "progress": job_progress(job),
-            "active": job.status in ACTIVE, "waiting": _waiting(session, job, request)}
+            "active": job.status in ACTIVE, "waiting": _waiting(session, job, request),
+            "trials_listed": TRIALS_LISTED}
 
 
 #: the parts of a job page that its live refresh renders again: the job's facts and progress,
@@ -317,21 +321,25 @@ def job_trials_csv(job_id: str, session: SessionDep,
         job = repo.get_job(session, job_id)
     except repo.NotFound as exc:
         raise HTTPException(404, f"no job {job_id!r}") from exc
-    shapes = [s for s in _shapes(session, job) if task is None or s["task"].id == task]
-    if task is not None and not shapes:
+    tasks = {t.id: t for t in job.tasks if task is None or t.id == task}
+    if not tasks:
         raise HTTPException(404, f"job {job_id} has no task {task}")
-    names: list[str] = []
-    for s in shapes:
-        names += [n for n in s["names"] if n not in names]
+    by_task: dict[int, list[TrialRow]] = defaultdict(list)
+    for row in repo.trial_columns(session, list(tasks)):
+        by_task[row.pop("task_id")].append(TrialRow(**row))
+    kernel = _registered(job.kernel)
+    names = list(kernel.space().names) if kernel is not None else []
+    names += sorted({k for rows in by_task.values() for t in rows for k in t.config} - {*names})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["job_id", "task_id", "kernel", "dtype", "shape", "number", *names,
                      *CSV_COLUMNS])
-    for s in shapes:
-        for t in s["trials"]:
-            writer.writerow([job.id, s["task"].id, job.kernel, job.dtype,
-                             shape_text(s["task"].shape), t.number,
-                             *(t.config.get(n, "") for n in names), *_csv_values(t, s["work"])])
+    for task_id, shape_task in tasks.items():
+        work = work_of(kernel, shape_task.shape, job.dtype)
+        for t in by_task.get(task_id, []):
+            writer.writerow([job.id, task_id, job.kernel, job.dtype, shape_text(shape_task.shape),
+                             t.number, *(t.config.get(n, "") for n in names),
+                             *_csv_values(t, work)])
     return Response(out.getvalue(), media_type="text/csv; charset=utf-8", headers={
         "Content-Disposition": f'attachment; filename="job-{job.id[:8]}-trials.csv"'})
 
@@ -430,8 +438,8 @@ def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
         if key and key not in devices:
             devices[key] = repo.get_device(session, key)
         trials = by_task.get(task.id, [])
-        view = task_charts(task, trials, space_names)
         work = work_of(kernel, task.shape, job.dtype)
+        view = task_charts(task, trials, space_names, work)
         view.update(trials=trials, work=work, names=view["data"]["names"],
                     stats=shape_stats(task, trials, work, kernel, job.dtype,
                                       devices.get(key) if key else None))
@@ -439,7 +447,8 @@ def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
     return shapes
 
 
-def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dict[str, Any]:
+def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str],
+                work: Work | None = None) -> dict[str, Any]:
     """Everything the job page draws for one shape, as compact arrays: each trial's config is
     a row of values in ``names`` order (the page's script writes the hover text).
 
@@ -485,7 +494,39 @@ def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str]) -> dic
             "configs": [[t.config.get(n) for n in names] for t in trials], "errors": errors,
             "importance": importance(ok, names),
             "parcoords": parcoords(fastest[:MAX_PARCOORDS], names),
+            "table": trial_table(task, trials, work or Work(0.0, 0.0)),
         },
+    }
+
+
+def trial_table(task: Task, trials: Sequence[TrialRow], work: Work) -> dict[str, Any]:
+    """The trials table's columns beyond ``numbers``, ``configs`` and ``errors``, one entry per
+    trial: the outcome, the config's one number (``ms``; ``retimed`` 1 where it is the
+    re-timed p50, 0 where it is the trial's own), compile seconds and GPU state (an index into
+    ``gpus``, the distinct texts); ``trial_p50``: the trial's own p50 where ``ms`` is the
+    re-timed one; ``flops`` and ``bytes`` turn a time into TFLOP/s and GB/s; ``best``: the rows
+    of the task's best config. Compact: a shape may have thousands of trials."""
+    gpus: dict[tuple[Any, ...], int] = {}
+    texts: list[str] = []
+    gpu_index = []
+    for t in trials:
+        state = (t.sm_mhz, t.mem_mhz, t.power_w, t.temp_c, t.throttle)
+        if state not in gpus:
+            gpus[state] = len(texts)
+            texts.append(t.gpu_text)
+        gpu_index.append(gpus[state])
+    return {
+        "outcome": [t.outcome for t in trials],
+        # to the nanosecond: finer than any timing, and cheaper than _sig for thousands
+        "ms": [None if t.ms is None else round(t.ms, 6) for t in trials],
+        "retimed": [int(t.retimed_p50_ms is not None) for t in trials],
+        "trial_p50": {i: t.p50_ms for i, t in enumerate(trials)
+                      if t.retimed_p50_ms is not None},
+        "compile": [None if t.compile_s is None else round(t.compile_s, 3) for t in trials],
+        "gpu": gpu_index, "gpus": texts,
+        "best": [i for i, t in enumerate(trials) if task.best_config is not None
+                 and t.config == task.best_config],
+        "flops": work.flops, "bytes": work.bytes,
     }
 
 

@@ -1249,7 +1249,7 @@ def trial_columns(session: Session, task_ids: Sequence[int]) -> list[dict[str, A
     rows = session.execute(select(*(getattr(Trial, c) for c in TRIAL_COLUMNS))
                            .where(Trial.task_id.in_(list(task_ids)))
                            .order_by(Trial.task_id, Trial.number))
-    return [dict(r._mapping) for r in rows]
+    return [dict(zip(TRIAL_COLUMNS, r, strict=True)) for r in rows]
 
 
 def count_trials(session: Session) -> int:

@@ -4,9 +4,11 @@ renderings. The browser tests are in test_dashboard_browser.py."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from html import unescape
 from typing import Any
 
@@ -19,6 +21,7 @@ from api.dashboard import as_vllm_entry, importance, parcoords
 from db import repo
 from db.engine import init_db
 from db.models import Trial
+from search_spaces import get_kernel
 from tests.api_support import GPU, JOB, run_worker_once, store
 from tuner.config import triton_config_text
 from tuner.settings import Settings
@@ -92,9 +95,10 @@ def test_job_page_has_tables_and_chart_data_from_real_trials(api_client, api_db_
     assert data["numbers"] == [1, 2, 3]
     assert data["best"] == sorted(data["best"], reverse=True)  # best-so-far never rises
     assert set(data["outcomes"]) == {"ok"} and len(data["outcomes"]["ok"]["y"]) == 3
-    assert {d["param"] for d in data["importance"]} == {"BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                                          "GROUP_M", "num_warps", "num_stages"}
-    assert len(data["parcoords"]["rows"]) == 3 and len(data["parcoords"]["axes"]) == 7
+    names = list(get_kernel("matmul").space().names)
+    assert {d["param"] for d in data["importance"]} == set(names)
+    assert len(data["parcoords"]["rows"]) == 3
+    assert len(data["parcoords"]["axes"]) == len(names) + 1  # and the time
     assert '<script src="/static/plotly.min.js"' in html
 
 
@@ -215,8 +219,8 @@ def test_kernel_page_shows_its_space_constraints_and_bests(api_client, api_db_ur
     store(api_db_url, {"M": 4096, "N": 4096, "K": 4096}, 0.2)
     html = api_client.get("/kernels/matmul").text
     rows = _cells(html, "space")
-    assert [r[0] for r in rows] == ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps",
-                                    "num_stages"]
+    assert [r[0] for r in rows] == list(get_kernel("matmul").space().names)
+    assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps"} <= {r[0] for r in rows}
     assert "accumulator registers" in html and "shared memory" in html
     assert [r[2] for r in _cells(html, "configs")] == ["4096x4096x4096"]
 
@@ -330,3 +334,230 @@ def test_a_job_waiting_for_a_device_no_worker_has_is_flagged_on_its_page_and_the
     rows = {r[0]: r[4] for r in _cells(api_client.get("/jobs").text, "jobs")}
     assert rows[waiting[:8]] == "queued waiting: no live worker for its device"
     assert rows[fresh[:8]] == "queued"
+
+
+# -- a job page's numbers, its live refresh and the CSV export ----------------------------------
+
+WORKER = "dashboard-test"
+TEST_GPU = "cuda:Test GPU:sm90"
+#: low ceilings, so that the 64x64x32 shape's floor is a visible share of its time
+CEILINGS = {"copy_gbps": 2.0, "matmul_tflops": 0.05}
+DRIVEN = {"M": 64, "N": 64, "K": 32}
+#: what the page says of the baseline before the finalists were re-timed beside it
+AT_END = "timed beside the finalists at the end"
+
+
+def _measurement(block_m: int, ms: float | None, outcome: str = "ok", compile_s: float = 1.0,
+                 error: str | None = None) -> dict[str, Any]:
+    config = {"BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4,
+              "num_stages": 2}
+    times = {"p20_ms": ms * 0.9, "p50_ms": ms, "p80_ms": ms * 1.1} if ms else {}
+    return {"config": config, "outcome": outcome, "compile_s": compile_s, "error": error,
+            **times, "extra": {"gpu": {"sm_mhz": 1980, "mem_mhz": 2619, "power_w": 500.0,
+                                       "temp_c": 60, "throttle": 4}}}
+
+
+def _driven_job(client: TestClient, db_url: str) -> tuple[str, int]:
+    """A job on a calibrated test GPU whose task runs under this test's lease (no trial yet)."""
+    with init_db(db_url)() as session:
+        repo.upsert_device(session, {"key": TEST_GPU, "kind": "cuda", "name": "Test GPU"})
+        repo.set_calibration(session, TEST_GPU, **CEILINGS)
+        session.commit()
+    job_id = _job(client, shapes=[DRIVEN], device=TEST_GPU, budget={"trials": 5})
+    with init_db(db_url)() as session:
+        task_id = repo.get_job(session, job_id).tasks[0].id
+        repo.start_task_locally(session, task_id, WORKER)
+        repo.set_task_device(session, task_id, TEST_GPU)
+        session.commit()
+    return job_id, task_id
+
+
+def _record(db_url: str, task_id: int, *measurements: dict[str, Any]) -> None:
+    with init_db(db_url)() as session:
+        done = len(repo.trials_for_task(session, task_id))
+        for i, m in enumerate(measurements, start=done + 1):
+            repo.record_trial(session, task_id, i, m, worker_id=WORKER)
+        session.commit()
+
+
+def _finish(db_url: str, task_id: int, best: dict[str, Any], ms: float, torch_ms: float) -> None:
+    with init_db(db_url)() as session:
+        repo.record_retimed(session, task_id, [{**best, "p20_ms": ms, "p50_ms": ms,
+                                                "p80_ms": ms}])
+        repo.set_task_best(session, task_id, ms, best["config"], worker_id=WORKER,
+                           measured="retimed", baseline_ms=torch_ms, baseline_name="torch")
+        repo.finish_task(session, task_id, "succeeded", worker_id=WORKER)
+        session.commit()
+
+
+def _stats(html: str) -> dict[str, str]:
+    return {name: unescape(re.sub(r"<[^>]+>", "", cell)).strip() for name, cell in
+            re.findall(r'<td data-field="stat-([a-z-]+)">(.*?)</td>', html, re.S)}
+
+
+def test_job_page_shows_each_shapes_numbers_of_its_best_and_every_trial(api_client, api_db_url):
+    from tuner.roofline import roofline
+
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    html = api_client.get(f"/jobs/{job_id}").text
+    text = unescape(re.sub(r"<[^>]+>", "", html))
+    assert "0 trials (none yet)" in text and "No successful trial yet" in text
+    assert _stats(html)["ms"] == "-" and _stats(html)["vs"] == AT_END
+    best = _measurement(32, 0.030, compile_s=2.0)
+    _record(api_db_url, task_id, _measurement(16, 0.050, compile_s=1.0),
+            _measurement(64, None, "compile_error", 4.0, "out of shared memory"), best,
+            _measurement(128, 0.090, compile_s=3.0))
+    running = _stats(api_client.get(f"/jobs/{job_id}").text)
+    assert running["ms"] == "0.0300 (trial)" and running["vs"] == AT_END
+    _finish(api_db_url, task_id, best, 0.024, 0.036)
+
+    html = api_client.get(f"/jobs/{job_id}").text
+    stats = _stats(html)
+    kernel = get_kernel("matmul")
+    roof = roofline(kernel, DRIVEN, "float16", **CEILINGS)
+    assert roof is not None and roof.bound == "memory"
+    assert stats["ms"] == "0.0240 (re-timed)"
+    assert stats["tflops"] == f"{kernel.flops(DRIVEN) / 0.024e-3 / 1e12:.2f}"
+    assert stats["gbps"] == f"{kernel.bytes(DRIVEN, 'float16') / 0.024e-3 / 1e9:.1f}"
+    assert stats["of-roof"] == f"{100 * roof.floor_ms / 0.024:.1f}% (memory-bound)"
+    assert stats["floor"] == f"{roof.floor_ms:.4f}"
+    assert (stats["baseline"], stats["vs"]) == ("0.0360", "1.50x")
+    assert stats["compile"] == "2.50 / 4.00 (4 compiled)" and stats["compile-total"] == "10.0"
+    # every trial, not only the fastest: the failure too, with its config's columns
+    rows = _cells(html, "trials")
+    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    assert [r[1] for r in rows] == ["ok", "compile_error", "ok", "ok"]
+    names = re.findall(r'<th data-sort="num">(\w+)</th>',
+                       re.search(r'<table class="trials".*?</thead>', html, re.S).group(0))
+    assert [r[2 + names.index("BLOCK_M")] for r in rows] == ["16", "64", "32", "128"]
+    ms_at = 2 + len(names)
+    # the best config's one number is its re-timed time, labelled; the others' are trial times
+    assert [r[ms_at] for r in rows] == ["0.0500 trial", "-", "0.0240 re-timed", "0.0900 trial"]
+    assert [r[ms_at + 1] for r in rows] == ["0.0500", "-", "0.0300", "0.0900"]
+    assert "out of shared memory" in rows[1][-1]
+
+
+def test_the_live_parts_are_the_pages_own_and_follow_new_trials(api_client, api_db_url):
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    _record(api_db_url, task_id, _measurement(16, 0.05))
+    html = api_client.get(f"/jobs/{job_id}").text
+    live = api_client.get(f"/jobs/{job_id}/live").json()
+    shape = live["shapes"][str(task_id)]
+    for name, part in shape["parts"].items():
+        assert f'data-live="{name}">{part}</div>' in html, name  # the page's parts, verbatim
+    assert shape["data"]["numbers"] == [1]
+    assert live["progress"]["trials_done"] == 1 and live["progress"]["status"] == "running"
+    _record(api_db_url, task_id, _measurement(32, 0.02), _measurement(64, 0.03))
+    live = api_client.get(f"/jobs/{job_id}/live").json()
+    shape = live["shapes"][str(task_id)]
+    assert ">3</span> trials (" in shape["parts"]["head"] and "3 ok" in shape["parts"]["head"]
+    assert shape["parts"]["trials"].count("<tr data-outcome=") == 3
+    assert shape["data"]["numbers"] == [1, 2, 3] and shape["data"]["best"][-1] == 0.02
+    assert "3 / 5" in live["parts"]["job"]
+    assert api_client.get("/jobs/nope/live").status_code == 404
+
+
+def test_progress_events_change_when_the_best_is_re_timed(api_client, api_db_url):
+    """The job page refreshes when a progress event differs: re-timing the best at the end
+    must change the event even where neither the trial count nor the time does."""
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    best = _measurement(32, 0.03)
+    _record(api_db_url, task_id, best)
+    with init_db(api_db_url)() as session:
+        before = dashboard_progress(session, job_id)
+        repo.set_task_best(session, task_id, 0.03, best["config"], worker_id=WORKER,
+                           measured="retimed", baseline_ms=0.03, baseline_name="torch")
+        session.commit()
+        after = dashboard_progress(session, job_id)
+    assert before["trials_done"] == after["trials_done"] and before != after
+
+
+def dashboard_progress(session: Any, job_id: str) -> dict[str, Any]:
+    from api.dashboard import job_progress
+
+    session.expire_all()
+    return job_progress(repo.get_job(session, job_id))
+
+
+def test_the_csv_export_has_one_row_per_trial_with_its_one_number(api_client, api_db_url):
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    best = _measurement(32, 0.030, compile_s=2.0)
+    _record(api_db_url, task_id, _measurement(16, 0.050),
+            _measurement(64, None, "compile_error", 4.0, 'bad "quote", and comma'), best)
+    _finish(api_db_url, task_id, best, 0.024, 0.036)
+    r = api_client.get(f"/jobs/{job_id}/trials.csv")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    assert r.headers["content-disposition"] == (
+        f'attachment; filename="job-{job_id[:8]}-trials.csv"')
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert [(t["number"], t["outcome"], t["BLOCK_M"]) for t in rows] == [
+        ("1", "ok", "16"), ("2", "compile_error", "64"), ("3", "ok", "32")]
+    assert {(t["job_id"], t["task_id"], t["shape"], t["dtype"]) for t in rows} == {
+        (job_id, str(task_id), "64x64x32", "float16")}
+    first, failed, finalist = rows
+    assert (first["ms"], first["measured"], first["trial_p50_ms"]) == ("0.05", "trial", "0.05")
+    assert (finalist["ms"], finalist["measured"]) == ("0.024", "retimed")
+    assert (finalist["trial_p50_ms"], finalist["retimed_p50_ms"]) == ("0.03", "0.024")
+    flops = get_kernel("matmul").flops(DRIVEN)
+    assert float(finalist["tflops"]) == pytest.approx(flops / 0.024e-3 / 1e12)
+    assert (failed["ms"], failed["tflops"], failed["compile_s"]) == ("", "", "4.0")
+    assert failed["error"] == 'bad "quote", and comma'
+    assert (first["sm_mhz"], first["mem_mhz"], first["power_w"], first["temp_c"]) == (
+        "1980", "2619", "500.0", "60")
+    assert first["throttle"] == "4" and first["throttle_reasons"]
+    # the API's best is the CSV's re-timed row and the page's headline: one number per config
+    task = api_client.get(f"/api/v1/jobs/{job_id}").json()["tasks"][0]
+    assert (task["best_ms"], task["best_measured"]) == (0.024, "retimed")
+    assert task["best_config"] == {k: int(finalist[k]) for k in task["best_config"]}
+    assert _stats(api_client.get(f"/jobs/{job_id}").text)["ms"] == "0.0240 (re-timed)"
+    one = api_client.get(f"/jobs/{job_id}/trials.csv", params={"task": task_id}).text
+    assert one == r.text
+    assert api_client.get(f"/jobs/{job_id}/trials.csv", params={"task": 999}).status_code == 404
+    assert api_client.get("/jobs/nope/trials.csv").status_code == 404
+    assert f'href="/jobs/{job_id}/trials.csv"' in api_client.get(f"/jobs/{job_id}").text
+
+
+def test_the_dashboards_reads_in_the_repository(api_client, api_db_url):
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    other = _job(api_client)
+    _record(api_db_url, task_id, _measurement(32, 0.02), _measurement(16, 0.03))
+    store(api_db_url, {"M": 16, "N": 16, "K": 16}, 0.1)
+    with init_db(api_db_url)() as session:
+        rows = repo.trial_columns(session, [task_id])
+        assert [(r["task_id"], r["number"], r["config"]["BLOCK_M"]) for r in rows] == [
+            (task_id, 1, 32), (task_id, 2, 16)]
+        assert set(rows[0]) == set(repo.TRIAL_COLUMNS) and rows[0]["compile_s"] == 1.0
+        assert repo.trial_columns(session, []) == []
+        assert repo.count_trials(session) == 2
+        assert repo.count_best_by_kernel(session) == {"matmul": 1}
+        assert [j.id for j in repo.jobs_for_progress(session, [job_id])] == [job_id]
+        assert [j.id for j in repo.jobs_for_progress(session, [], active=True)] == [other,
+                                                                                     job_id]
+        assert repo.jobs_for_progress(session, ["nope"]) == []
+
+
+def test_one_triton_config_rendering():
+    from tuner.config import KernelConfig
+
+    config = {"BLOCK_M": 64, "num_ctas": 2}
+    text = triton_config_text(config)
+    assert text == "triton.Config({'BLOCK_M': 64}, num_warps=4, num_stages=3, num_ctas=2)"
+    c = eval(text, {"triton": triton})  # noqa: S307
+    assert (c.kwargs, c.num_warps, c.num_stages, c.num_ctas) == ({"BLOCK_M": 64}, 4, 3, 2)
+    kc = KernelConfig(BLOCK_M=64, num_warps=8, num_stages=2)
+    assert kc.triton_repr() == triton_config_text(kc)
+    built = kc.to_triton()
+    pasted = eval(kc.triton_repr(), {"triton": triton})  # noqa: S307
+    assert (pasted.kwargs, pasted.num_warps, pasted.num_stages) == (
+        built.kwargs, built.num_warps, built.num_stages)
+
+
+def test_relative_times_are_time_elements_the_script_keeps_current(api_client):
+    job_id = _job(api_client)
+    html = api_client.get(f"/jobs/{job_id}").text
+    stamp = re.search(r'<time datetime="([^"]+)" title="[^"]+" data-ago>(\d+ s ago)</time>',
+                      html)
+    assert stamp and datetime.fromisoformat(stamp.group(1)).tzinfo is not None
+    assert re.search(r'<body data-server-now="[^"]+\+00:00">', html)
+    row = _cells(api_client.get("/jobs").text, "jobs")[0]
+    assert row[7].endswith(" s ago")

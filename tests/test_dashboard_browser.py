@@ -6,6 +6,7 @@ where either is missing these tests are skipped and say so."""
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import httpx
 import pytest
 import triton
 
+from db import repo
 from tests.api_support import GPU, store
 from tests.test_service import _free_port, _wait_ready
 
@@ -194,4 +196,296 @@ def test_a_copy_button_yields_a_valid_triton_config(page, service):
     assert isinstance(config, triton.Config)
     assert config.kwargs == {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1}
     assert (config.num_warps, config.num_stages) == (4, 5)
+    assert page.console_errors == []
+
+
+# -- a job page driven trial by trial: trials written with the repository functions, as a
+# worker writes them, while the page is open ---------------------------------------------------
+
+WORKER = "browser-test"
+#: ceilings low enough that the tiny shape's floor is a visible share of its time
+CALIBRATION = {"copy_gbps": 2.0, "matmul_tflops": 0.05}
+DRIVEN_SHAPE = {"M": 64, "N": 64, "K": 32}
+
+
+def _trial(block_m: int, outcome: str = "ok", ms: float | None = None, compile_s: float = 1.0,
+           error: str | None = None, sm_mhz: int = 1980) -> dict[str, Any]:
+    """A measurement as ``Measurement.to_dict()`` gives it, with the GPU's state."""
+    config = {"BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4,
+              "num_stages": 2}
+    times = {"p20_ms": ms * 0.98, "p50_ms": ms, "p80_ms": ms * 1.03} if ms else {}
+    return {"config": config, "outcome": outcome, "error": error, "compile_s": compile_s,
+            **times, "extra": {"gpu": {"sm_mhz": sm_mhz, "mem_mhz": 2619, "power_w": 512.0,
+                                       "temp_c": 61, "throttle": 0}}}
+
+
+class Driver:
+    """Runs one shape of a job as a worker would, through ``db.repo``: start it, record trials,
+    store the re-timed best with its baseline, finish it."""
+
+    def __init__(self, service: dict[str, Any], device: str) -> None:
+        from db.engine import init_db
+
+        self.factory = init_db(service["db"])
+        self.device = device
+        with self.factory() as session:
+            repo.upsert_device(session, {"key": device, "kind": "cuda", "name": "Test GPU"})
+            repo.set_calibration(session, device, **CALIBRATION)
+            session.commit()
+        r = httpx.post(f"{service['base']}/api/v1/jobs", json={
+            "kernel": "matmul", "dtype": "float16", "shapes": [DRIVEN_SHAPE], "force": True,
+            "budget": {"trials": 6}, "device": device})
+        assert r.status_code == 202, r.text
+        self.job_id = str(r.json()["id"])
+        with self.factory() as session:
+            self.task_id = repo.get_job(session, self.job_id).tasks[0].id
+        self.number = 0
+
+    def start(self) -> None:
+        with self.factory() as session:
+            repo.start_task_locally(session, self.task_id, WORKER)
+            repo.set_task_device(session, self.task_id, self.device)
+            session.commit()
+
+    def record(self, *measurements: dict[str, Any]) -> None:
+        with self.factory() as session:
+            for m in measurements:
+                self.number += 1
+                repo.record_trial(session, self.task_id, self.number, m, worker_id=WORKER)
+            session.commit()
+
+    def finish(self, best: dict[str, Any], retimed_ms: float, baseline_ms: float) -> None:
+        with self.factory() as session:
+            repo.record_retimed(session, self.task_id, [
+                {"config": best["config"], "outcome": "ok", "p20_ms": retimed_ms * 0.99,
+                 "p50_ms": retimed_ms, "p80_ms": retimed_ms * 1.01}])
+            repo.set_task_best(session, self.task_id, retimed_ms, best["config"],
+                               worker_id=WORKER, measured="retimed", baseline_ms=baseline_ms,
+                               baseline_name="torch")
+            repo.finish_task(session, self.task_id, "succeeded", worker_id=WORKER)
+            session.commit()
+
+
+def _text(page: Any, selector: str) -> str:
+    return str(page.locator(selector).first.inner_text()).strip()
+
+
+def _wait_text(page: Any, selector: str, text: str) -> None:
+    page.wait_for_function(
+        "([sel, text]) => { const el = document.querySelector(sel);"
+        " return !!el && el.textContent.trim() === text; }", arg=[selector, text])
+
+
+def _live_texts(page: Any) -> dict[str, str]:
+    """The text of every part of a job page that follows the trials, relative times left out
+    (they count on by the second)."""
+    return page.evaluate("""() => {
+        const out = {};
+        document.querySelectorAll('[data-live]').forEach((el, i) => {
+            const copy = el.cloneNode(true);
+            copy.querySelectorAll('time').forEach(t => t.remove());
+            out[i + ':' + el.dataset.live] = copy.textContent.replace(/\\s+/g, ' ').trim();
+        });
+        return out;
+    }""")
+
+
+def test_every_number_on_a_running_job_page_follows_its_trials(page, service):
+    from search_spaces import get_kernel
+    from tuner.roofline import floor_ms
+
+    drive = Driver(service, "cuda:Test GPU live:sm90")
+    page.goto(f"/jobs/{drive.job_id}")
+    page.evaluate("window.__sameDocument = true")
+    head = "section.shape [data-live=head]"
+    assert "0 trials (none yet)" in _text(page, head)
+    assert "No successful trial yet" in _text(page, head)
+    assert _text(page, "table.trials tbody") == "no trial yet"
+    # an empty chart's placeholder stays in its box, above the next heading (it overlapped it)
+    empty = page.locator('[data-chart="parcoords"] .chart-empty')
+    empty.wait_for()
+    box = page.locator('[data-chart="parcoords"]').bounding_box()
+    text_box = empty.bounding_box()
+    below = page.locator("section.shape [data-live=top] h3").first.bounding_box()
+    assert box["y"] <= text_box["y"] and text_box["y"] + text_box["height"] <= box["y"] + box[
+        "height"] <= below["y"]
+
+    drive.start()
+    drive.record(_trial(16, ms=0.050, compile_s=1.0))
+    _wait_text(page, "section.shape [data-field=count]", "1")
+    assert "1 ok" in _text(page, head) and "0.0500 ms" in _text(page, head)
+    _wait_text(page, "#job-status", "running")
+    best = _trial(32, ms=0.030, compile_s=2.0, sm_mhz=1755)
+    drive.record(_trial(64, "compile_error", compile_s=3.0,
+                        error="out of shared memory: 262144 > 232448"), best)
+    _wait_text(page, "section.shape [data-field=count]", "3")
+    assert page.locator("table.trials tbody tr[data-outcome]").count() == 3
+    assert _text(page, "[data-field=failures]") == "1"
+    assert page.locator("table.failures").inner_text().count("out of shared memory") == 1
+    assert _text(page, "[data-field=stat-ms]") == "0.0300 (trial)"
+    assert _text(page, "[data-field=trials]") == "3 / 6"
+    page.locator('[data-chart="trials"] .scatterlayer path.point').nth(2).wait_for()
+
+    drive.finish(best, retimed_ms=0.025, baseline_ms=0.040)
+    _wait_text(page, "#job-status", "succeeded")
+    _wait_text(page, "[data-field=stat-ms]", "0.0250 (re-timed)")
+    kernel = get_kernel("matmul")
+    tflops = kernel.flops(DRIVEN_SHAPE) / 0.025e-3 / 1e12
+    gbps = kernel.bytes(DRIVEN_SHAPE, "float16") / 0.025e-3 / 1e9
+    floor = floor_ms(kernel, DRIVEN_SHAPE, "float16", **CALIBRATION)
+    assert floor is not None
+    assert _text(page, "[data-field=stat-tflops]") == f"{tflops:.2f}"
+    assert _text(page, "[data-field=stat-gbps]") == f"{gbps:.1f}"
+    assert _text(page, "[data-field=stat-of-roof]").startswith(f"{100 * floor / 0.025:.1f}%")
+    assert _text(page, "[data-field=stat-floor]") == f"{floor:.4f}"
+    assert _text(page, "[data-field=stat-baseline]") == "0.0400"
+    assert _text(page, "[data-field=stat-vs]") == "1.60x"
+    assert _text(page, "[data-field=stat-compile]").startswith("2.00 / 3.00")
+    assert _text(page, "[data-field=stat-compile-total]") == "6.0"
+    assert "1.60x vs torch" in _text(page, head)
+    assert "re-timed beside the other finalists" in _text(page, head)
+    # the best's row: its one number is the re-timed one, labelled; its trial time stays too
+    best_row = page.locator("table.trials tbody tr.best")
+    assert best_row.locator("[data-field=ms]").inner_text().strip() == "0.0250 re-timed"
+    assert page.locator("table.top [data-field=retimed-ms]").first.inner_text() == "0.0250"
+    assert page.locator("[data-live=job] [data-field=finished]").count() == 1
+    assert page.locator(".cancel-form").count() == 0
+    assert page.evaluate("window.__sameDocument") is True
+    # what the live page shows is what a fresh load of it shows
+    shown = _live_texts(page)
+    fresh = page.context.new_page()
+    fresh.goto(f"/jobs/{drive.job_id}")
+    assert _live_texts(fresh) == shown
+    fresh.close()
+    assert page.console_errors == []
+
+
+def test_the_trials_table_sorts_filters_and_exports_csv(page, service):
+    drive = Driver(service, "cuda:Test GPU table:sm90")
+    drive.start()
+    best = _trial(64, ms=0.011, compile_s=0.5)
+    drive.record(_trial(16, ms=0.040, compile_s=1.25), _trial(32, ms=0.020),
+                 _trial(128, "compile_error", error="out of resources: shared memory"), best,
+                 _trial(16, ms=0.030, sm_mhz=1410) | {"config": {
+                     **best["config"], "BLOCK_M": 16, "num_warps": 8}})
+    drive.finish(best, retimed_ms=0.012, baseline_ms=0.015)
+    page.goto(f"/jobs/{drive.job_id}")
+    rows = page.locator("table.trials tbody tr[data-outcome]:visible")
+    assert rows.count() == 5
+
+    def index(name: str) -> int:
+        return [t.strip() for t in page.locator("table.trials thead th").all_inner_texts()
+                ].index(name)
+
+    def column(name: str) -> list[str]:
+        return [r.locator("td").nth(index(name)).inner_text().split()[0] for r in rows.all()]
+
+    page.locator("table.trials thead th").nth(index("ms")).click()
+    assert column("ms") == ["0.0120", "0.0200", "0.0300", "0.0400", "-"]  # blanks last
+    page.locator("table.trials thead th").nth(index("ms")).click()
+    assert column("ms") == ["0.0400", "0.0300", "0.0200", "0.0120", "-"]
+    assert page.locator('table.trials th[aria-sort="descending"]').inner_text().startswith("ms")
+    page.fill("[data-controls] input[name=q]", "BLOCK_M=16")
+    assert column("#") == ["1", "5"]
+    assert _text(page, "[data-controls] [data-field=shown]") == "2 of 5 trials shown"
+    page.fill("[data-controls] input[name=q]", "BLOCK_M=16 num_warps=8")
+    assert column("#") == ["5"]
+    page.fill("[data-controls] input[name=q]", "")
+    page.select_option("[data-controls] select[name=outcome]", "compile_error")
+    assert column("#") == ["3"]
+    page.select_option("[data-controls] select[name=outcome]", "")
+    assert rows.count() == 5
+
+    best = page.locator("table.trials tbody tr.best")
+    assert best.count() == 1 and best.locator("td").first.inner_text() == "4"
+    assert "shared memory" in page.locator("table.trials tbody tr[data-outcome=compile_error]"
+                                            " td.reason").inner_text()
+
+    with page.expect_download() as download:
+        page.locator("a[data-csv]").click()
+    path = download.value.path()
+    assert download.value.suggested_filename == f"job-{drive.job_id[:8]}-trials.csv"
+    with open(path, newline="") as f:
+        trials = list(csv.DictReader(f))
+    assert [t["number"] for t in trials] == ["1", "2", "3", "4", "5"]
+    assert [t["outcome"] for t in trials] == ["ok", "ok", "compile_error", "ok", "ok"]
+    assert [t["BLOCK_M"] for t in trials] == ["16", "32", "128", "64", "16"]
+    assert trials[4]["num_warps"] == "8" and trials[4]["sm_mhz"] == "1410"
+    finalist = trials[3]
+    assert (finalist["ms"], finalist["measured"]) == ("0.012", "retimed")
+    assert (finalist["trial_p50_ms"], finalist["retimed_p50_ms"]) == ("0.011", "0.012")
+    assert (trials[0]["ms"], trials[0]["measured"]) == ("0.04", "trial")
+    assert trials[0]["compile_s"] == "1.25" and trials[0]["mem_mhz"] == "2619"
+    flops = 2 * DRIVEN_SHAPE["M"] * DRIVEN_SHAPE["N"] * DRIVEN_SHAPE["K"]
+    assert float(trials[0]["tflops"]) == pytest.approx(flops / 0.04e-3 / 1e12)
+    assert float(trials[0]["gbps"]) > 0
+    assert (trials[2]["ms"], trials[2]["measured"], trials[2]["tflops"]) == ("", "", "")
+    assert "shared memory" in trials[2]["error"]
+    assert {t["shape"] for t in trials} == {"64x64x32"}
+    assert page.console_errors == []
+
+
+def test_cancel_asks_first_and_relative_times_count_on(page, service):
+    drive = Driver(service, "cuda:Test GPU cancel:sm90")  # no worker has it: it stays queued
+    page.goto(f"/jobs/{drive.job_id}")
+    created = page.locator("[data-live=job] time[data-ago]").first
+    before = created.inner_text()
+    page.wait_for_function("([el, text]) => el.textContent !== text",
+                           arg=[created.element_handle(), before])
+    assert created.inner_text().endswith(" s ago")
+    dialogs: list[str] = []
+
+    def answer(dialog: Any, accept: bool) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda d: answer(d, False))
+    page.locator("button[data-cancel]").click()
+    _wait_text(page, "#cancel-message", "Not cancelled.")
+    assert httpx.get(f"{service['base']}/api/v1/jobs/{drive.job_id}").json()[
+        "status"] == "queued"
+    page.once("dialog", lambda d: answer(d, True))
+    page.locator("button[data-cancel]").click()
+    _wait_text(page, "#job-status", "cancelled")
+    assert httpx.get(f"{service['base']}/api/v1/jobs/{drive.job_id}").json()[
+        "status"] == "cancelled"
+    assert len(dialogs) == 2 and drive.job_id[:8] in dialogs[0]
+    assert page.locator(".cancel-form").count() == 0
+    assert page.console_errors == []
+
+
+def test_an_expanded_config_stays_inside_the_configs_table(page, service):
+    _seed_configs(service)
+    page.goto(f"/configs?device={GPU}")
+    row = page.locator("#configs-table tbody tr[data-kernel]").first
+    row.locator("summary").click()
+    table = page.locator("#configs-table").bounding_box()
+    main = page.locator("main").bounding_box()
+    for pre in row.locator("pre").all():
+        box = pre.bounding_box()
+        assert box["x"] + box["width"] <= table["x"] + table["width"]
+    assert table["x"] + table["width"] <= main["x"] + main["width"] + 1
+    assert page.console_errors == []
+
+
+def test_a_shape_of_many_trials_pages_through_all_of_them(page, service):
+    """The table holds every trial, a page of rows at a time: sorting and filtering work over
+    all of them, not over the page shown (nor over the rows the server's HTML lists)."""
+    drive = Driver(service, "cuda:Test GPU many:sm90")
+    drive.start()
+    drive.record(*(_trial(16 if n % 2 else 32, ms=0.010 + n * 0.001) for n in range(130)))
+    page.goto(f"/jobs/{drive.job_id}")
+    rows = page.locator("table.trials tbody tr[data-outcome]")
+    shown = "[data-controls] [data-field=shown]"
+    assert rows.count() == 100 and _text(page, shown) == "130 trials (rows 1-100)"
+    page.locator("[data-pager] [data-page='1']").click()
+    assert rows.count() == 30 and _text(page, shown) == "130 trials (rows 101-130)"
+    assert rows.first.locator("td").first.inner_text() == "101"
+    ms = [h.strip() for h in page.locator("table.trials thead th").all_inner_texts()].index("ms")
+    page.locator("table.trials thead th").nth(ms).click()
+    page.locator("table.trials thead th").nth(ms).click()  # slowest first, over all 130
+    assert rows.first.locator("td").first.inner_text() == "130"
+    page.fill("[data-controls] input[name=q]", "BLOCK_M=16")
+    assert rows.count() == 65 and _text(page, shown) == "65 of 130 trials shown"
+    assert page.locator("[data-pager]").is_hidden()
     assert page.console_errors == []

@@ -55,15 +55,8 @@
       Object.keys(data.shapes).forEach(function (taskId) {
         const section = document.querySelector('section.shape[data-task="' + taskId + '"]');
         if (!section) return;
-        const open = Array.prototype.map.call(section.querySelectorAll("table.trials details[open]"), function (d) {
-          return d.closest("tr").cells[0].dataset.v;
-        });
         swapParts(section, data.shapes[taskId].parts);
-        open.forEach(function (n) {
-          const cell = section.querySelector('table.trials td[data-v="' + n + '"]:first-child');
-          const details = cell && cell.parentElement.querySelector("details");
-          if (details) details.open = true;
-        });
+        tableData[taskId] = data.shapes[taskId].data;
         trialView(section);
         const box = section.querySelector("[data-charts]");
         if (box && window.tunerDraw) window.tunerDraw(box, data.shapes[taskId].data);
@@ -219,52 +212,129 @@
     form.addEventListener("change", apply);
   }
 
-  // -- a job page's table of every trial: filter and sort in the page --------------------------
-  // The view (filter, outcome, sorted column) lives on the controls, outside the table, so a live
-  // refresh that replaces the table keeps it: trialView applies it again.
-  function matches(tokens, term) {
-    return tokens.some(function (tok) { return tok === term || (term.indexOf("=") < 0 && tok.indexOf(term) >= 0); });
+  // -- a job page's table of every trial: filter, sort and page through it in the page ----------
+  // Drawn from the shape's data (every trial, as compact arrays), a page of rows at a time, so a
+  // shape of thousands of trials stays quick; the server's HTML holds the first rows for
+  // browsers without JavaScript. The view (filter, outcome, sorted column, page) lives on the
+  // controls, outside the table, so a live refresh keeps it.
+  const PAGE_ROWS = 100;
+  const tableData = {};
+
+  function fixed(v, digits) { return v === null || v === undefined || !isFinite(v) ? "-" : v.toFixed(digits); }
+
+  function columns(d) {
+    const t = d.table;
+    const rate = function (work, scale) {
+      return function (i) { const ms = t.ms[i]; return work && ms ? work / (ms * 1e-3) / scale : null; };
+    };
+    const cols = [
+      { kind: "num", value: function (i) { return d.numbers[i]; } },
+      { kind: "text", value: function (i) { return t.outcome[i]; },
+        cell: function (td, i) { const s = document.createElement("span"); s.className = "outcome " + t.outcome[i]; s.textContent = t.outcome[i]; td.appendChild(s); } },
+    ];
+    d.names.forEach(function (name, j) {
+      cols.push({ kind: "num", value: function (i) { const v = d.configs[i][j]; return v === undefined ? null : v; } });
+    });
+    cols.push({ kind: "num", value: function (i) { return t.ms[i]; }, field: "ms",
+      cell: function (td, i) {
+        td.appendChild(document.createTextNode(fmtMs(t.ms[i])));
+        if (t.ms[i] === null) return;
+        const s = document.createElement("span");
+        s.className = t.retimed[i] ? "tag" : "muted small";
+        s.textContent = t.retimed[i] ? "re-timed" : "trial";
+        td.appendChild(document.createTextNode(" "));
+        td.appendChild(s);
+      } });
+    cols.push({ kind: "num", value: function (i) { return t.retimed[i] ? t.trial_p50[i] : t.ms[i]; }, text: fmtMs });
+    cols.push({ kind: "num", value: rate(t.flops, 1e12), text: function (v) { return fixed(v, 2); } });
+    cols.push({ kind: "num", value: rate(t.bytes, 1e9), text: function (v) { return fixed(v, 1); } });
+    cols.push({ kind: "num", value: function (i) { return t.compile[i]; }, text: function (v) { return fixed(v, 2); } });
+    cols.push({ kind: "text", value: function (i) { return t.gpus[t.gpu[i]]; }, className: "gpu" });
+    cols.push({ kind: "text", value: function (i) { return d.errors[i] || ""; }, className: "reason" });
+    return cols;
   }
 
-  function sortValue(cell, kind) {
-    if (kind === "num") {
-      const v = cell.dataset.v;
-      return v === undefined || v === "" ? null : Number(v);
-    }
-    return cell.textContent.trim().toLowerCase();
+  function matches(tokens, term) {
+    return tokens.some(function (tok) { return tok === term || (term.indexOf("=") < 0 && tok.indexOf(term) >= 0); });
   }
 
   function trialView(section) {
     const form = section && section.querySelector("[data-controls]");
     const table = section && section.querySelector("table.trials");
-    if (!form || !table) return;
-    const body = table.tBodies[0];
-    const rows = Array.prototype.slice.call(body.querySelectorAll("tr[data-outcome]"));
-    const col = form.dataset.sortCol;
-    const heads = table.tHead.rows[0].cells;
-    Array.prototype.forEach.call(heads, function (th) { th.removeAttribute("aria-sort"); });
-    if (col !== undefined && heads[col]) {
-      const kind = heads[col].dataset.sort, dir = form.dataset.sortDir === "desc" ? -1 : 1;
-      rows.sort(function (a, b) {
-        const x = sortValue(a.cells[col], kind), y = sortValue(b.cells[col], kind);
-        if (x === null || y === null) return (x === null) - (y === null);  // blanks last
-        return x < y ? -dir : x > y ? dir : 0;
-      });
-      rows.forEach(function (r) { body.appendChild(r); });
-      heads[col].setAttribute("aria-sort", dir > 0 ? "ascending" : "descending");
-    }
+    const d = section && tableData[section.dataset.task];
+    if (!form || !table || !d || !d.table) return;
+    const cols = columns(d), t = d.table, n = d.numbers.length;
     const terms = form.elements.q.value.trim().toLowerCase().split(/\s+/).filter(Boolean);
     const outcome = form.elements.outcome.value;
-    let shown = 0;
-    rows.forEach(function (r) {
-      const tokens = r.dataset.search.toLowerCase().split(/\s+/);
-      const ok = (!outcome || r.dataset.outcome === outcome)
-        && terms.every(function (t) { return matches(tokens, t); });
-      r.hidden = !ok;
-      if (ok) shown += 1;
+    let rows = [];
+    for (let i = 0; i < n; i++) {
+      if (outcome && t.outcome[i] !== outcome) continue;
+      if (terms.length) {
+        const tokens = [String(d.numbers[i]), t.outcome[i]].concat(
+          d.names.map(function (name, j) { return (name + "=" + d.configs[i][j]).toLowerCase(); }),
+          (d.errors[i] || "").toLowerCase().split(/\s+/));
+        if (!terms.every(function (term) { return matches(tokens, term); })) continue;
+      }
+      rows.push(i);
+    }
+    const heads = table.tHead.rows[0].cells;
+    Array.prototype.forEach.call(heads, function (th) { th.removeAttribute("aria-sort"); });
+    const col = form.dataset.sortCol;
+    if (col !== undefined && cols[col]) {
+      const value = cols[col].value, dir = form.dataset.sortDir === "desc" ? -1 : 1;
+      const text = cols[col].kind === "text";
+      rows.sort(function (a, b) {
+        let x = value(a), y = value(b);
+        if (x === null || x === undefined || x === "") x = null;
+        if (y === null || y === undefined || y === "") y = null;
+        if (x === null || y === null) return (x === null) - (y === null) || a - b;  // blanks last
+        if (text) { x = String(x).toLowerCase(); y = String(y).toLowerCase(); }
+        return x < y ? -dir : x > y ? dir : a - b;
+      });
+      heads[col].setAttribute("aria-sort", dir > 0 ? "ascending" : "descending");
+    }
+    const pages = Math.max(1, Math.ceil(rows.length / PAGE_ROWS));
+    const page = Math.min(Math.max(0, Number(form.dataset.page) || 0), pages - 1);
+    form.dataset.page = String(page);
+    const best = {};
+    t.best.forEach(function (i) { best[i] = true; });
+    const body = document.createElement("tbody");
+    rows.slice(page * PAGE_ROWS, (page + 1) * PAGE_ROWS).forEach(function (i) {
+      const tr = document.createElement("tr");
+      tr.dataset.outcome = t.outcome[i];
+      if (best[i]) tr.className = "best";
+      cols.forEach(function (c) {
+        const td = document.createElement("td");
+        const v = c.value(i);
+        if (c.kind === "num") td.dataset.v = v === null || v === undefined ? "" : String(v);
+        if (c.field) td.dataset.field = c.field;
+        if (c.className) td.className = c.className;
+        if (c.cell) c.cell(td, i);
+        else td.textContent = c.text ? c.text(v) : (v === null || v === undefined ? "-" : String(v));
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
     });
+    if (!rows.length) {
+      const tr = document.createElement("tr"), td = document.createElement("td");
+      tr.className = "none";
+      td.colSpan = cols.length;
+      td.className = "empty";
+      td.textContent = n ? "no trial matches" : "no trial yet";
+      tr.appendChild(td);
+      body.appendChild(tr);
+    }
+    table.replaceChild(body, table.tBodies[0]);
+    let shown = rows.length === n ? n + " trials" : rows.length + " of " + n + " trials shown";
+    if (pages > 1) shown += " (rows " + (page * PAGE_ROWS + 1) + "-" + Math.min(rows.length, (page + 1) * PAGE_ROWS) + ")";
     const out = form.querySelector('[data-field="shown"]');
-    if (out) out.textContent = shown === rows.length ? rows.length + " trials" : shown + " of " + rows.length + " trials shown";
+    if (out) out.textContent = shown;
+    const pager = form.querySelector("[data-pager]");
+    if (pager) {
+      pager.hidden = pages < 2;
+      pager.querySelector('[data-page="-1"]').disabled = page === 0;
+      pager.querySelector('[data-page="1"]').disabled = page >= pages - 1;
+    }
   }
 
   function sortBy(th) {
@@ -274,8 +344,23 @@
     const col = String(th.cellIndex);
     form.dataset.sortDir = form.dataset.sortCol === col && form.dataset.sortDir !== "desc" ? "desc" : "asc";
     form.dataset.sortCol = col;
+    form.dataset.page = "0";
     trialView(section);
   }
+
+  function turnPage(button) {
+    const section = button.closest("section.shape");
+    const form = section.querySelector("[data-controls]");
+    form.dataset.page = String((Number(form.dataset.page) || 0) + Number(button.dataset.page));
+    trialView(section);
+  }
+
+  document.querySelectorAll("section.shape[data-task]").forEach(function (section) {
+    const script = document.getElementById("chart-data-" + section.dataset.task);
+    if (!script) return;
+    tableData[section.dataset.task] = JSON.parse(script.textContent);
+    trialView(section);
+  });
 
   // -- relative times ("3 s ago") count on, from the server's clock -------------------------------
   const serverNow = Date.parse(document.body.dataset.serverNow || "");
@@ -303,12 +388,14 @@
     const b = ev.target.closest("[data-copy]");
     if (b) { ev.preventDefault(); copy(b); return; }
     const th = ev.target.closest("table.trials th[data-sort]");
-    if (th) sortBy(th);
+    if (th) { sortBy(th); return; }
+    const turn = ev.target.closest("[data-pager] [data-page]");
+    if (turn) turnPage(turn);
   });
   ["input", "change"].forEach(function (type) {
     document.addEventListener(type, function (ev) {
       const form = ev.target.closest && ev.target.closest("[data-controls]");
-      if (form) trialView(form.closest("section.shape"));
+      if (form) { form.dataset.page = "0"; trialView(form.closest("section.shape")); }
     });
   });
   listen();

@@ -251,7 +251,7 @@ def output_tiles(config: Mapping[str, int], shape: Mapping[str, int]) -> int:
     return triton.cdiv(shape["M"], config["BLOCK_M"]) * triton.cdiv(shape["N"], config["BLOCK_N"])
 
 
-def _set_tma_allocator(device: torch.device) -> None:
+def set_tma_allocator(device: torch.device) -> None:
     """Device-side descriptors live in global scratch memory the launch asks Triton's
     allocator for (none is needed on the interpreter)."""
     if device.type == "cuda":
@@ -301,7 +301,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelCo
     """out = a @ b with the given config (its VARIANT picks the algorithm; the split-K
     workspace is allocated here, so a timed launch includes it and the reduction)."""
     if variant_of(config) == TMA_PERSISTENT:
-        _set_tma_allocator(a.device)
+        set_tma_allocator(a.device)
     for kernel, grid, args, kwargs in _launches(a, b, out, config):
         kernel[grid](*args, **kwargs)
 
@@ -397,7 +397,10 @@ def _split_k(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
-def _persistent(config: KernelConfig, ctx: ProblemContext) -> str | None:
+def persistent_constraint(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """Why a persistent variant cannot run or repeats the tiled kernel (None otherwise):
+    tma_persistent needs tensor descriptors in this Triton, sm_90+, 16-bit inputs and 16-byte
+    aligned rows; persistent with no more tiles than SMs is the tiled kernel."""
     variant = variant_of(config)
     if variant == PERSISTENT:
         tiles = output_tiles(config, ctx.shape)
@@ -496,7 +499,7 @@ class MatmulKernel:
         return SearchSpace(
             params=(Param("VARIANT", tuple(range(len(VARIANTS))), "categorical"),
                     Param.ints("SPLIT_K", SPLIT_KS), *tiled.params),
-            constraints=(_variant_params, _split_k, _persistent, *tiled.constraints),
+            constraints=(_variant_params, _split_k, persistent_constraint, *tiled.constraints),
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:

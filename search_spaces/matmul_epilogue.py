@@ -14,9 +14,10 @@ is a kernel of its own, ``matmul_epilogue_<act>`` and ``matmul_epilogue_<act>_re
 in all), each with the dims M, N, K of ``matmul``. Integer flag dimensions (``ACT=2``) were the
 alternative; they would mix flags with sizes in the shape (the serving index's nearest-shape
 lookup and the cost model treat every dimension as a size) and need bounds starting at 1.
-The space, its constraints, the known-good configs and the prior are those of ``matmul``'s tiled
-variant (matmul's other variants, VARIANT and SPLIT_K, are not offered here): the epilogue runs
-once per tile after the loop, when the A and B tiles' registers and shared memory are free.
+The space, its constraints, the known-good configs and the prior are ``matmul``'s, less split-K
+(its partial sums would need the epilogue in its reduction): VARIANT tiled, persistent or
+tma_persistent, each with matmul's K loop; the epilogue runs once per tile after the loop, when
+the A and B tiles' registers and shared memory are free.
 
 Same three layers as ``matmul``: ``_matmul_epilogue_kernel`` -> ``matmul_epilogue`` (the
 launcher) -> ``MatmulEpilogueKernel`` (the TunableKernel, one instance per epilogue).
@@ -34,18 +35,28 @@ import triton.language as tl
 
 from search_spaces.matmul import KERNEL as MATMUL
 from search_spaces.matmul import (
+    PERSISTENT,
+    TILED,
+    TMA_PERSISTENT,
     even_k,
     grouped_tile,
+    num_sms,
+    output_tiles,
+    persistent_constraint,
+    set_tma_allocator,
+    tile_coords,
     tile_dot,
     tiled_default,
-    tiled_known_good,
     tiled_space,
+    variant_of,
 )
 from tuner.config import KernelConfig
 from tuner.dtypes import torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
-from tuner.space import ProblemContext, SearchSpace
+from tuner.space import Param, ProblemContext, SearchSpace
 
+#: the VARIANT values offered (matmul's numbering)
+EPILOGUE_VARIANTS = (TILED, PERSISTENT, TMA_PERSISTENT)
 #: the activations, by the ``ACT`` constexpr the kernel takes
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 #: sqrt(2 / pi), GELU's tanh approximation
@@ -53,21 +64,14 @@ _GELU_C = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _matmul_epilogue_kernel(
-    a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_rm, stride_rn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ACT: tl.constexpr, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
-):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m,
-                   pid_n, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+def _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn, stride_cm,
+                    stride_cn, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    ACT: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The epilogue, in fp32 on the accumulator of tile (pid_m, pid_n), then one rounding to
+    the output dtype and the masked store."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m[:, None] < M
-    mask_n = offs_n[None, :] < N
-
-    # The epilogue, in fp32 on the accumulator: one rounding to the output dtype at the end.
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     acc += bias[None, :]
     if ACT == 1:
@@ -77,13 +81,57 @@ def _matmul_epilogue_kernel(
         acc = 0.5 * acc * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
     elif ACT == 3:
         acc = acc * tl.sigmoid(acc)
-    mask = mask_m & mask_n
+    rows = offs_m[:, None].to(tl.int64)  # M * N may pass 2**31
     if RESIDUAL:
-        r_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
+        r_ptrs = res_ptr + rows * stride_rm + offs_n[None, :] * stride_rn
         acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
-
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_ptrs = c_ptr + rows * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _matmul_epilogue_kernel(
+    a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_rm, stride_rn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACT: tl.constexpr, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, VARIANT: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    # VARIANT as matmul's: 0 one tile per program; 1 persistent (one program per SM walking
+    # the tiles in a flattened loop); 2 the same with tensor-descriptor (TMA) loads.
+    if VARIANT == 0:
+        pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn, stride_cm,
+                        stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, ACT, RESIDUAL)
+    else:
+        if VARIANT == 2:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                               block_shape=[BLOCK_M, BLOCK_K])
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                               block_shape=[BLOCK_K, BLOCK_N])
+        start = tl.program_id(0)
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        tile_c = start - NUM_SMS  # the store's tile, counted apart (see matmul's kernel)
+        for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+            pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            if VARIANT == 2:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for ki in range(k_tiles):
+                    a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+                    b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+                    acc = tl.dot(a, b, acc)
+            else:
+                acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                               stride_bn, pid_m, pid_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
+                               EVEN_K)
+            tile_c += NUM_SMS
+            pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn,
+                            stride_cm, stride_cn, pid_cm, pid_cn, BLOCK_M, BLOCK_N, ACT,
+                            RESIDUAL)
 
 
 def _args(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None,
@@ -101,8 +149,13 @@ def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None
     meta["ACT"] = ACTIVATIONS.index(act)
     meta["RESIDUAL"] = int(residual is not None)
     meta["EVEN_K"] = even_k(a.shape[1], meta["BLOCK_K"])
-    grid = (triton.cdiv(a.shape[0], meta["BLOCK_M"]) * triton.cdiv(b.shape[1], meta["BLOCK_N"]),)
-    return grid, meta
+    meta["VARIANT"] = variant = variant_of(config)
+    tiles = output_tiles(config, {"M": a.shape[0], "N": b.shape[1]})
+    if variant == TILED:
+        meta["NUM_SMS"] = 1  # unused
+        return (tiles,), meta
+    meta["NUM_SMS"] = num_sms(a.device)
+    return (min(meta["NUM_SMS"], tiles),), meta
 
 
 def matmul_epilogue(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
@@ -110,6 +163,10 @@ def matmul_epilogue(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
                     config: KernelConfig) -> None:
     """out = act(a @ b + bias) (+ residual) with the given launch config."""
     grid, meta = _launch_meta(a, b, residual, act, config)
+    if meta["VARIANT"] == TMA_PERSISTENT:
+        if a.stride(1) != 1 or b.stride(1) != 1:
+            raise ValueError("the tma_persistent variant needs row-major A and B")
+        set_tma_allocator(a.device)
     _matmul_epilogue_kernel[grid](*_args(a, b, bias, residual, out), **meta,
                                   num_warps=config.num_warps, num_stages=config.num_stages)
 
@@ -162,16 +219,25 @@ class MatmulEpilogueKernel:
         return source_version(sys.modules[__name__], sys.modules[MATMUL.__module__])
 
     def space(self) -> SearchSpace:
-        """matmul's tiled kernel's (no VARIANT: the epilogue follows the tiled K loop)."""
-        return tiled_space()
+        """matmul's tiled space plus VARIANT, of matmul's variants those that end with a
+        tile in registers: tiled, persistent and tma_persistent (split-K's partial sums would
+        need the epilogue in its reduction)."""
+        tiled = tiled_space()
+        return SearchSpace(
+            params=(Param("VARIANT", EPILOGUE_VARIANTS, "categorical"), *tiled.params),
+            constraints=(persistent_constraint, *tiled.constraints),
+        )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        return tiled_known_good()
+        """matmul's, but split-K's."""
+        good = MATMUL.known_good_configs(shape, dtype)
+        return [KernelConfig({k: v for k, v in c.items() if k != "SPLIT_K"})
+                for c in good if c["VARIANT"] in EPILOGUE_VARIANTS]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """matmul's tiled one: runs on every shape and dtype, on any GPU with >= 100 KB of
         smem."""
-        return tiled_default(shape)
+        return KernelConfig({**tiled_default(shape), "VARIANT": TILED})
 
     def make_inputs(
         self, shape: Mapping[str, int], dtype: str, device: str, seed: int

@@ -239,3 +239,39 @@ def test_matmul_inputs_are_random_not_zero():
     assert inputs["a"].abs().min() >= 0 and inputs["a"].abs().sum() > 0
     assert not torch.equal(inputs["a"], k.make_inputs({"M": 8, "N": 8, "K": 8}, "float16",
                                                       "cpu", seed=1)["a"])
+
+
+@pytest.mark.parametrize("name", ["tiled", "persistent", "tma_persistent"])
+def test_the_epilogue_kernels_run_matmuls_variants(name):
+    """matmul_epilogue offers tiled, persistent and tma_persistent (not split-K): each applies
+    the bias, the activation and the residual on an odd shape with more tiles than the
+    interpreter's persistent programs."""
+    from search_spaces.matmul_epilogue import KERNELS
+
+    k = KERNELS["matmul_epilogue_gelu_residual"]
+    config = KernelConfig({k2: v for k2, v in variant(name, GROUP_M=8).items()
+                           if k2 != "SPLIT_K"})
+    assert k.space().contains(config)
+    for shape in ({"M": 37, "N": 72, "K": 40}, {"M": 1, "N": 8, "K": 16}):
+        inputs = k.make_inputs(shape, "float16", "cpu", seed=3)
+        inputs["out"].fill_(float("nan"))
+        k.launch(config, inputs)
+        result = compare(inputs["out"], k.reference(inputs), k.tolerance("float16"), "float16",
+                         output_check_of(k))
+        assert isinstance(result, float), (shape, result)
+
+
+def test_the_epilogue_space_has_no_split_k():
+    from search_spaces.matmul_epilogue import KERNELS
+
+    k = KERNELS["matmul_epilogue_relu"]
+    space = k.space()
+    assert "SPLIT_K" not in space.names
+    assert set(space.param("VARIANT").values) == {mm.TILED, mm.PERSISTENT, mm.TMA_PERSISTENT}
+    shape = {"M": 4096, "N": 4096, "K": 4096}
+    good = k.known_good_configs(shape, "bfloat16")
+    assert good and all(space.contains(c) for c in good)
+    assert {c["VARIANT"] for c in good} == {mm.TILED, mm.PERSISTENT, mm.TMA_PERSISTENT}
+    ctx = ProblemContext({"M": 512, "N": 512, "K": 4096}, "float16")
+    persistent = KernelConfig({**k.default_config(shape, "float16"), "VARIANT": mm.PERSISTENT})
+    assert "tiled kernel" in (space.violation(persistent, ctx) or "")

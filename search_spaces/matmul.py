@@ -1,8 +1,20 @@
-"""Tiled matmul C = A @ B (row-major A: MxK, B: KxN), fp32 accumulation, grouped tile order.
+"""Matmul C = A @ B (row-major A: MxK, B: KxN), fp32 accumulation, grouped tile order.
 
-Every edge is masked, so any M, N, K >= 1 is computed right. The three layers follow the
-Liger-Kernel habit: ``_matmul_kernel`` (the @triton.jit kernel) -> ``matmul`` (the launcher) ->
-``MatmulKernel`` (the TunableKernel the tuner drives).
+Every edge is masked (or, for TMA, zero-filled and clipped), so any M, N, K >= 1 is computed
+right. The algorithm is a search parameter, ``VARIANT`` (an int: ``VARIANTS`` names them):
+
+- ``tiled`` (0): one program per output tile (``_matmul_kernel``);
+- ``persistent`` (1): one program per SM walking the tiles in grouped order, the tile loop
+  flattened with the K loop so a tile's store overlaps the next tile's loads;
+- ``tma_persistent`` (2): the same loop with device-side tensor descriptors (TMA loads and
+  store on sm_90+; 16-bit inputs, 16-byte aligned rows);
+- ``split_k`` (3): ``SPLIT_K`` programs per tile each sum a share of K into an fp32 workspace,
+  and a second kernel adds the shares in a fixed order (deterministic; no atomics).
+
+Warp specialisation (``tl.range(..., warp_specialize=True)``) is not a variant: Triton 3.6 and
+3.9 document it for Blackwell only. Every K loop has an ``EVEN_K`` specialisation (no K mask).
+The three layers follow the Liger-Kernel habit: the @triton.jit kernels -> ``matmul`` (the
+launcher) -> ``MatmulKernel`` (the TunableKernel the tuner drives).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ every request that is not to that socket blocked and recorded."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -229,6 +230,25 @@ def test_try_it_out_sends_a_shape_to_get_configs(offline_page, served):
     live = block.locator(".live-responses-table tbody .response-col_status").first
     assert live.inner_text().strip() == "200"
     assert '"match": "exact"' in block.locator(".live-responses-table").inner_text()
+    assert offline_page.blocked == [] and offline_page.page_errors == []
+
+
+def test_try_it_out_submits_the_example_job(offline_page, served):
+    """POST /jobs's "Try it out" starts from the example body, which queues a job as is."""
+    import httpx
+
+    offline_page.goto("/docs")
+    block = offline_page.locator("#operations-jobs-submit_job_api_v1_jobs_post")
+    block.locator(".opblock-summary").first.click()
+    block.locator(".try-out__btn").click()
+    body = json.loads(block.locator("textarea.body-param__text").input_value())
+    assert body["shapes"] == [EXAMPLE_SHAPE] and body["kernel"] == "matmul"
+    block.locator(".execute").click()
+    status = block.locator(".live-responses-table tbody .response-col_status").first
+    assert status.inner_text().strip() == "202"
+    [job] = httpx.get(f"{served['base']}/api/v1/jobs").json()["data"]
+    assert (job["kernel"], job["device"], job["status"]) == ("matmul", GPU, "queued")
+    assert [t["shape"] for t in job["tasks"]] == [EXAMPLE_SHAPE]
     assert offline_page.blocked == [] and offline_page.page_errors == []
 
 

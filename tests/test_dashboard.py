@@ -561,3 +561,18 @@ def test_relative_times_are_time_elements_the_script_keeps_current(api_client):
     assert re.search(r'<body data-server-now="[^"]+\+00:00">', html)
     row = _cells(api_client.get("/jobs").text, "jobs")[0]
     assert row[7].endswith(" s ago")
+
+
+def test_the_jobs_list_labels_a_best_that_is_a_trial_time(api_client, api_db_url):
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    best = _measurement(32, 0.030)
+    _record(api_db_url, task_id, best)
+
+    def best_cell() -> str:
+        rows = {r[0]: r for r in _cells(api_client.get("/jobs").text, "jobs")}
+        return rows[job_id[:8]][6]
+
+    assert best_cell() == "0.0300 (trial)"
+    _finish(api_db_url, task_id, best, 0.024, 0.036)
+    assert best_cell() == "0.0240"  # re-timed: the headline, as the API's best_ms
+    assert api_client.get(f"/api/v1/jobs/{job_id}").json()["tasks"][0]["best_ms"] == 0.024

@@ -86,7 +86,8 @@
       if (trials) trials.textContent = job.trials_done + " / " + job.budget;
       const best = row.querySelector('[data-field="best"]');
       if (best) {
-        best.textContent = job.tasks === 1 ? fmtMs(job.best_ms)
+        best.textContent = job.tasks === 1
+          ? fmtMs(job.best_ms) + (job.best_ms !== null && job.shapes[0].best_measured === "trial" ? " (trial)" : "")
           : job.shapes.filter(function (s) { return s.best_ms !== null; }).length + " of " + job.tasks + " shapes";
       }
       if (ACTIVE.indexOf(job.status) < 0) {
@@ -152,7 +153,7 @@
         update({ id: job.id, status: job.status, trials_done: job.tasks.reduce(function (a, t) { return a + t.trials_done; }, 0),
           budget: job.budget_trials * job.tasks.length, tasks: job.tasks.length,
           best_ms: job.tasks.length === 1 ? job.tasks[0].best_ms : null,
-          shapes: job.tasks.map(function (t) { return { best_ms: t.best_ms }; }) });
+          shapes: job.tasks.map(function (t) { return { best_ms: t.best_ms, best_measured: t.best_measured }; }) });
       });
     }).catch(function (err) { if (message) message.textContent = "Not cancelled: " + err; });
   }

@@ -10,10 +10,13 @@ order the layout stores it: (c, r, s) for NCHW, (r, s, c) for NHWC, so that the 
 one contiguous run of its flattened row in both (``w.reshape(K, C*R*S)`` for NCHW, the
 channels-last filter as ``K x (R*S*C)``), and for NHWC input the taps of one filter row are
 contiguous too (S * C elements at dilation 1). The decomposition of the reduction index into
-(c, r, s) is done once per BLOCK_K slice, that of the pixel index into (n, p, q) once per tile:
-the per-element work of the gather is two adds, four compares and the load. Offsets are int64
-(an image batch may hold more than 2**31 elements). fp32 inputs are multiplied in IEEE fp32
-(``input_precision="ieee"``, no TF32), as cuDNN does with TF32 off: the issue's fp32 target.
+(c, r, s) is done once per BLOCK_K slice, by constants (C, R and S are constexprs: a filter
+shape is a binary of its own, as it is a tuning problem of its own), that of the pixel index
+into (n, p, q) once per tile: the per-element work of the gather is two adds, four compares, a
+pointer add and the load. Each row's pointer is int64 (a batch may hold more than 2**31
+elements), the taps int32 offsets from it (within one padded image, at most 2**31 - 1
+elements). fp32 inputs are multiplied in IEEE fp32 (``input_precision="ieee"``, no TF32), as
+cuDNN does with TF32 off: the issue's fp32 target.
 
 The layout is the problem, not a search parameter (a stored config must never be served for the
 other layout, whose gather differs), so each is a kernel of its own, as ``matmul_epilogue``
@@ -53,19 +56,22 @@ from tuner.space import Param, ProblemContext, SearchSpace
 
 #: the layouts, by the ``CHANNELS_LAST`` constexpr the kernel takes
 LAYOUTS = ("nchw", "nhwc")
-#: the largest GEMM row count (output pixels) a problem may have: offsets within a tile's rows
-#: are int32 before they are widened
+#: the largest GEMM row count (output pixels) a problem may have: the pixel index is int32
 MAX_PIXELS = 1 << 30
+#: the most elements one padded input image, one output image or the filter may have: offsets
+#: within them are int32 (an image's own offset in the batch is int64)
+MAX_IMAGE = (1 << 31) - 1
 
 
 @triton.jit
 def _conv2d_kernel(
     x_ptr, w_ptr, out_ptr,
-    M, K_OUT, K_RED, C, H, W, P, Q, R, S, CONV_STRIDE, PAD, DIL,
+    M, K_OUT, H, W, P, Q, CONV_STRIDE, PAD, DIL,
     stride_xn, stride_xc, stride_xh, stride_xw, stride_wk,
     stride_on, stride_ok, stride_op, stride_oq,
+    C: tl.constexpr, R: tl.constexpr, S: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    CHANNELS_LAST: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, GATHER_KM: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(M, K_OUT, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -74,21 +80,28 @@ def _conv2d_kernel(
     mask_n = offs_n < K_OUT
 
     # Each row's output pixel (image n, row p, column q) and its window's top-left input
-    # position, which may lie in the padding (negative).
+    # position, which may lie in the padding (negative): a pointer per row (int64: a batch may
+    # hold 2**31 elements); the taps are int32 offsets from it (within one padded image). A row
+    # past M gets a window far above the image: the row bound check masks it.
     n = offs_m // (P * Q)
-    pq = offs_m % (P * Q)
-    h0 = (pq // Q) * CONV_STRIDE - PAD
-    w0 = (pq % Q) * CONV_STRIDE - PAD
-    x_rows = (n.to(tl.int64) * stride_xn + h0.to(tl.int64) * stride_xh
-              + w0.to(tl.int64) * stride_xw)
-    # The filter as K_OUT rows of K_RED taps, contiguous in the reduction order.
+    p = (offs_m % (P * Q)) // Q
+    q = offs_m % Q
+    h0 = tl.where(mask_m, p * CONV_STRIDE - PAD, -(1 << 30))
+    w0 = q * CONV_STRIDE - PAD
+    x_rows = x_ptr + (n.to(tl.int64) * stride_xn + h0.to(tl.int64) * stride_xh
+                      + w0.to(tl.int64) * stride_xw)
+    # The filter as K_OUT rows of C * R * S taps, contiguous in the reduction order: int32
+    # offsets from a pointer advanced per slice (a tensor of pointers would take two registers
+    # per element for the whole loop).
     offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wk + offs_k[:, None]
+    w_offs = offs_n[None, :] * stride_wk + offs_k[:, None]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K_RED, BLOCK_K):
+    for k0 in range(0, C * R * S, BLOCK_K):
+        # the slice's taps: (c, r, s) from the flat index, by constants (C, R, S are constexpr:
+        # multiplications, not divisions), once per slice, not per element
         kk = k0 + offs_k
-        mask_k = kk < K_RED
+        mask_k = kk < C * R * S
         if CHANNELS_LAST:  # reduction order (r, s, c)
             r = kk // (S * C)
             s = (kk // C) % S
@@ -99,24 +112,28 @@ def _conv2d_kernel(
             s = kk % S
         dh = r * DIL
         dw = s * DIL
-        x_taps = (c.to(tl.int64) * stride_xc + dh.to(tl.int64) * stride_xh
-                  + dw.to(tl.int64) * stride_xw)
-        ih = h0[:, None] + dh[None, :]
-        iw = w0[:, None] + dw[None, :]
-        a_mask = (mask_m[:, None] & mask_k[None, :] & (ih >= 0) & (ih < H)
-                  & (iw >= 0) & (iw < W))
-        a = tl.load(x_ptr + (x_rows[:, None] + x_taps[None, :]), mask=a_mask, other=0.0)
-        b = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        x_taps = c * stride_xc + dh * stride_xh + dw * stride_xw
+        # a tap past the reduction's end lies far right of the image: the column check masks
+        # it (rows past M are far above it: the two never cancel)
+        dw = tl.where(mask_k, dw, 1 << 30)
+        if GATHER_KM:  # the tile gathered as (K, M): threads run along the pixels
+            ih = dh[:, None] + h0[None, :]
+            iw = dw[:, None] + w0[None, :]
+            a_mask = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.trans(tl.load(x_rows[None, :] + x_taps[:, None], mask=a_mask, other=0.0))
+        else:  # as (M, K): threads run along the taps
+            ih = h0[:, None] + dh[None, :]
+            iw = w0[:, None] + dw[None, :]
+            a_mask = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_rows[:, None] + x_taps[None, :], mask=a_mask, other=0.0)
+        b = tl.load((w_ptr + k0) + w_offs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         # IEEE fp32 products for fp32 inputs (no TF32); fp16 and bf16 ignore the argument
         acc = tl.dot(a, b, acc, input_precision="ieee")
-        w_ptrs += BLOCK_K
 
-    p = pq // Q
-    q = pq % Q
-    out_rows = (n.to(tl.int64) * stride_on + p.to(tl.int64) * stride_op
-                + q.to(tl.int64) * stride_oq)
-    out_ptrs = out_ptr + (out_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_ok)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    out_rows = out_ptr + (n.to(tl.int64) * stride_on + p.to(tl.int64) * stride_op
+                          + q.to(tl.int64) * stride_oq)
+    tl.store(out_rows[:, None] + offs_n[None, :] * stride_ok, acc.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
 
 
 @dataclass(frozen=True)
@@ -164,6 +181,11 @@ class Geometry:
                         f"the dilated filter ({self.dil} x ({taps} - 1) + 1)")
         if self.M > MAX_PIXELS:
             return f"N * P * Q = {self.M} output pixels; at most {MAX_PIXELS} are supported"
+        padded = self.C * (self.H + 2 * self.pad) * (self.W + 2 * self.pad)
+        if max(padded, self.K * self.P * self.Q, self.K * self.K_RED) > MAX_IMAGE:
+            return (f"an image of {padded} padded input or {self.K * self.P * self.Q} output "
+                    f"elements, or a filter of {self.K * self.K_RED}; at most {MAX_IMAGE} "
+                    "(offsets within an image and within the filter are int32)")
         return None
 
 
@@ -187,8 +209,8 @@ def _filter_rows(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
 def _args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, g: Geometry,
           channels_last: bool) -> tuple[Any, ...]:
     rows = _filter_rows(w, channels_last)
-    return (x, rows, out, g.M, g.K, g.K_RED, g.C, g.H, g.W, g.P, g.Q, g.R, g.S, g.stride, g.pad,
-            g.dil, *x.stride(), rows.stride(0), *out.stride())
+    return (x, rows, out, g.M, g.K, g.H, g.W, g.P, g.Q, g.stride, g.pad, g.dil, *x.stride(),
+            rows.stride(0), *out.stride())
 
 
 def _geometry_of(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,
@@ -196,6 +218,12 @@ def _geometry_of(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,
     (N, C, H, W), (K, _, R, S) = x.shape, w.shape
     return geometry({"N": N, "C": C, "H": H, "W": W, "K": K, "R": R, "S": S, "STRIDE": stride,
                      "PAD1": pad + 1, "DIL": dil})
+
+
+def _meta(g: Geometry, config: KernelConfig, channels_last: bool) -> dict[str, int]:
+    """The config's constexprs, the filter's (C, R, S: the reduction's decomposition by
+    constants; each filter shape is a binary of its own) and the layout's."""
+    return {**config.meta, "C": g.C, "R": g.R, "S": g.S, "CHANNELS_LAST": int(channels_last)}
 
 
 def _grid(g: Geometry, meta: Mapping[str, int]) -> tuple[int]:
@@ -208,7 +236,7 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: int, pad
     config; x (N, C, H, W), w (K, C, R, S), out (N, K, P, Q) in any strides, the filter in
     the layout's memory format (contiguous for NCHW, channels-last for NHWC)."""
     g = _geometry_of(x, w, stride, pad, dil)
-    meta = {**config.meta, "CHANNELS_LAST": int(channels_last)}
+    meta = _meta(g, config, channels_last)
     _conv2d_kernel[_grid(g, meta)](*_args(x, w, out, g, channels_last), **meta,
                                    num_warps=config.num_warps, num_stages=config.num_stages)
 
@@ -217,7 +245,7 @@ def compile_conv2d(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: 
                    dil: int, config: KernelConfig, channels_last: bool) -> None:
     """Compile (or load from Triton's disk cache) without launching."""
     g = _geometry_of(x, w, stride, pad, dil)
-    meta = {**config.meta, "CHANNELS_LAST": int(channels_last)}
+    meta = _meta(g, config, channels_last)
     _conv2d_kernel.warmup(*_args(x, w, out, g, channels_last), **meta,
                           num_warps=config.num_warps, num_stages=config.num_stages,
                           grid=_grid(g, meta))
@@ -264,12 +292,12 @@ def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
 # or 64 + 32), small-K tiles for fp32 (IEEE products on the CUDA cores, where a deep K slice
 # only adds registers), and small tiles for small problems
 _KNOWN_GOOD = [
-    (128, 128, 32, 8, 8, 3), (128, 128, 64, 8, 8, 2), (256, 128, 32, 8, 8, 2),
-    (128, 64, 32, 8, 4, 3), (64, 128, 32, 8, 4, 3), (128, 32, 64, 8, 4, 3),
-    (64, 64, 32, 8, 4, 3), (128, 128, 16, 8, 8, 3), (64, 128, 16, 8, 4, 4),
-    (128, 64, 16, 8, 4, 4), (64, 32, 32, 8, 2, 4), (32, 64, 32, 8, 2, 4),
+    (128, 128, 32, 8, 0, 8, 3), (128, 128, 64, 8, 0, 8, 2), (256, 128, 32, 8, 0, 8, 2),
+    (128, 64, 32, 8, 0, 4, 3), (64, 128, 32, 8, 0, 4, 3), (128, 32, 64, 8, 0, 4, 3),
+    (64, 64, 32, 8, 0, 4, 3), (128, 128, 16, 8, 0, 8, 3), (64, 128, 16, 8, 0, 4, 4),
+    (128, 64, 16, 8, 0, 4, 4), (64, 32, 32, 8, 0, 2, 4), (32, 64, 32, 8, 0, 2, 4),
 ]
-_PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+_PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "GATHER_KM", "num_warps", "num_stages")
 
 
 class Conv2dKernel:
@@ -319,6 +347,7 @@ class Conv2dKernel:
                 Param.pow2("BLOCK_N", 16, 256),
                 Param.pow2("BLOCK_K", 16, 128),
                 Param.ints("GROUP_M", (1, 8)),
+                Param.ints("GATHER_KM", (0, 1)),
                 Param.pow2("num_warps", 2, 8),
                 Param.ints("num_stages", (1, 2, 3, 4)),
             ),
@@ -335,7 +364,7 @@ class Conv2dKernel:
         return KernelConfig(BLOCK_M=min(64, max(16, next_pow2(g.M))),
                             BLOCK_N=min(64, max(16, next_pow2(g.K))),
                             BLOCK_K=min(32, max(16, next_pow2(g.K_RED))), GROUP_M=8,
-                            num_warps=4, num_stages=2)
+                            GATHER_KM=0, num_warps=4, num_stages=2)
 
     def make_inputs(
         self, shape: Mapping[str, int], dtype: str, device: str, seed: int

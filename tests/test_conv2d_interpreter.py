@@ -44,9 +44,11 @@ PROBLEMS = {
 }
 #: BLOCK_N=16 < K=17/20 (a masked second column tile), BLOCK_K=16 over 363 taps (a masked tail
 #: slice); BLOCK_M=16 below every problem's pixel count
-SMALL = KernelConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=2)
+SMALL = KernelConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, GATHER_KM=0, num_warps=4,
+                     num_stages=2)
 #: fewer, larger tiles: the 363-tap reduction in three slices (the checks' tests)
-WIDE = KernelConfig(BLOCK_M=32, BLOCK_N=32, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2)
+WIDE = KernelConfig(BLOCK_M=32, BLOCK_N=32, BLOCK_K=128, GROUP_M=1, GATHER_KM=1, num_warps=4,
+                    num_stages=2)
 
 
 def check(kernel: Conv2dKernel, got: torch.Tensor, inputs: dict[str, Any], dtype: str) -> None:
@@ -56,14 +58,15 @@ def check(kernel: Conv2dKernel, got: torch.Tensor, inputs: dict[str, Any], dtype
     assert isinstance(result, float), result
 
 
+@pytest.mark.parametrize("gather", [0, 1], ids=["gather-mk", "gather-km"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("which", PROBLEMS)
 @pytest.mark.parametrize("kernel", LAYOUTS, ids=lambda k: k.name)
-def test_both_layouts_match_torch_on_odd_problems(kernel, which, dtype):
+def test_both_layouts_match_torch_on_odd_problems(kernel, which, dtype, gather):
     shape = PROBLEMS[which]
     inputs = kernel.make_inputs(shape, dtype, "cpu", seed=1)
     inputs["out"].fill_(float("nan"))  # every element must be written
-    kernel.launch(SMALL, inputs)
+    kernel.launch(KernelConfig({**SMALL, "GATHER_KM": gather}), inputs)
     g = Geometry.of(shape)
     assert inputs["out"].shape == (g.N, g.K, g.P, g.Q)
     check(kernel, inputs["out"], inputs, dtype)
@@ -75,8 +78,8 @@ def test_both_layouts_match_torch_on_odd_problems(kernel, which, dtype):
 
 def test_the_default_and_a_large_tile_config_run_on_an_odd_problem():
     shape, dtype = PROBLEMS["11x11-stride-4-pad-2-C3"], "float16"
-    big = KernelConfig(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, GROUP_M=8, num_warps=4,
-                       num_stages=2)
+    big = KernelConfig(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, GROUP_M=8, GATHER_KM=1,
+                       num_warps=4, num_stages=2)
     for kernel, config in ((NHWC, NHWC.default_config(shape, dtype)), (NCHW, big)):
         inputs = kernel.make_inputs(shape, dtype, "cpu", seed=2)
         inputs["out"].fill_(float("nan"))
@@ -237,7 +240,8 @@ def test_the_space_runs_the_known_good_configs_and_prunes_what_cannot_run(dtype)
     assert 100 < len(feasible) < space.size()
     priors = {NHWC.prior(c, ctx) for c in feasible}
     assert len(priors) > 10  # the prior ranks, it is not flat
-    base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=1)
+    base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, GATHER_KM=0, num_warps=4,
+                num_stages=1)
     spills = KernelConfig({**base, "BLOCK_K": 128})  # 128 acc + 128 gathered regs a thread
     assert "registers" in (space.violation(spills, ctx) or "")
     too_wide = KernelConfig({**base, "BLOCK_N": 256, "num_warps": 8})  # 96 channels need 128

@@ -142,28 +142,35 @@ def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
 #: bytes a streaming kernel keeps in flight per SM to cover HBM latency on an H200 (Little's
 #: law: ~4.3 TB/s x ~1.2 us / 132 SMs)
 BYTES_IN_FLIGHT_PER_SM = 40_000
-#: the measured copy bandwidth of an H200, B/s, and the cost of a launch and of a program
+#: the measured copy bandwidth of an H200, B/s; the GPU time of a launch (the first of a
+#: timed call, and each one queued behind it) and of a program
 COPY_BANDWIDTH = 4.27e12
-LAUNCH_S = 3e-6
+LAUNCH_S = 2e-6
+NEXT_LAUNCH_S = 1e-6
 PROGRAM_S = 2e-8
 
 
 def streaming_seconds(ctx: ProblemContext, hbm_bytes: float, programs: int, num_warps: int,
-                      in_flight: float, launches: int = 1, persistent: bool = False) -> float:
+                      in_flight: float, launches: int = 1, persistent: bool = False,
+                      registers: int = 0) -> float:
     """A cost model of a memory-bound kernel (the prior of vector_add, add_layernorm and
     softmax): ``hbm_bytes`` over the copy bandwidth, slowed where the programs resident on an
-    SM keep fewer than ``BYTES_IN_FLIGHT_PER_SM`` in flight (``in_flight`` bytes each), by
-    wave quantisation of a short grid (a persistent grid has none), a cost per program and
-    one per launch. Only ranks configs: it is no measurement."""
+    SM (64 warps, 32 blocks and 65,536 registers an SM; ``registers`` a thread when known)
+    keep fewer than ``BYTES_IN_FLIGHT_PER_SM`` in flight (``in_flight`` bytes each), by wave
+    quantisation of a short grid (a persistent grid has none), a cost per program and one
+    per launch. Only ranks configs: it is no measurement."""
     sms = max(1, ctx.sm_count)
     programs = max(1, programs)
-    resident = max(1, min(32, 64 // num_warps))  # 64 warps and 32 blocks per SM
+    resident = max(1, min(32, 64 // num_warps))
+    if registers:
+        resident = max(1, min(resident, 65536 // (32 * num_warps * registers)))
     efficiency = min(1.0, min(resident, math.ceil(programs / sms)) * in_flight
                      / BYTES_IN_FLIGHT_PER_SM)
     waves = programs / (sms * resident)
     quantised = 1.0 if persistent or waves > 4 else math.ceil(waves) / waves
-    return (LAUNCH_S * launches + hbm_bytes / (COPY_BANDWIDTH * efficiency) * quantised
-            + PROGRAM_S * programs / sms)
+    launch = LAUNCH_S + NEXT_LAUNCH_S * (launches - 1)
+    return launch + hbm_bytes / (COPY_BANDWIDTH * efficiency) * quantised \
+        + PROGRAM_S * programs / sms
 
 
 def estimated_seconds(config: KernelConfig, ctx: ProblemContext) -> float:

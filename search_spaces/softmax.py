@@ -72,8 +72,8 @@ def _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N: tl.constexpr):
     for start in range(0, hi_al - lo_al, BLOCK_N):
         offs = lo_al + start + cols
         mask = offs < hi_al
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.where(mask, x, NEG)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_last")
+        x = tl.where(mask, x.to(tl.float32), NEG)
         m_new = tl.maximum(m, x)
         s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
         m = m_new
@@ -88,14 +88,18 @@ def _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N: tl.constexpr):
 @triton.jit
 def _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_max, total,
                 BLOCK_N: tl.constexpr):
-    """out = exp(x - row_max) / total over a span, x read again."""
+    """out = exp(x - row_max) / total over a span, x read again: last block first (the
+    blocks ``_span_stats`` read last are the likeliest still in L2, which its loads asked to
+    keep them in), out stored streaming (evict first) so that it does not push x out."""
     cols = tl.arange(0, BLOCK_N)
-    for start in range(0, hi_al - lo_al, BLOCK_N):
-        offs = lo_al + start + cols
+    blocks = tl.cdiv(hi_al - lo_al, BLOCK_N)
+    for i in range(0, blocks):
+        offs = lo_al + (blocks - 1 - i) * BLOCK_N + cols
         mask = offs < hi_al
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.exp(x - row_max) / total
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+        y = tl.exp(x.to(tl.float32) - row_max) / total
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask,
+                 cache_modifier=".cs")
     e = tl.load(x_ptr + ends, mask=ends_mask, other=0.0).to(tl.float32)
     y = tl.exp(e - row_max) / total
     tl.store(out_ptr + ends, y.to(out_ptr.dtype.element_ty), mask=ends_mask)

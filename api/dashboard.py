@@ -1,7 +1,10 @@
 """The results dashboard: server-rendered pages (Jinja2) at ``/`` from the same app as the API.
 
 Pages: overview (``/``), jobs (``/jobs``, live progress over server-sent events from
-``/events/jobs``), one job (``/jobs/{id}``: charts of how its search went), best configs
+``/events/jobs``), one job (``/jobs/{id}``: per shape its best with TFLOP/s, GB/s, share of the
+roofline floor, torch ratio and compile times, charts of how its search went, every trial in a
+sortable, filterable table; ``/jobs/{id}/live`` renders its parts again as trials arrive,
+``/jobs/{id}/trials.csv`` exports every trial), best configs
 (``/configs``, filterable, copyable as JSON, ``triton.Config`` and a vLLM-style entry), misses
 (``/misses``: lookups clients reported as not served exactly, and their tuning jobs), a kernel
 (``/kernels/{name}``) and the roofline (``/roofline``). Every table is in the HTML, so the pages
@@ -290,16 +293,6 @@ def _waiting(session: Session, job: Job, request: Request) -> str | None:
 def _sig(x: float) -> float:
     """Five significant digits: as precise as a timing is, and a third of the bytes."""
     return float(f"{x:.5g}")
-
-
-@router.get("/jobs/{job_id}/charts")
-def job_charts(job_id: str, session: SessionDep) -> dict[str, Any]:
-    """The chart data of every shape of the job, by task id."""
-    try:
-        job = repo.get_job(session, job_id)
-    except repo.NotFound as exc:
-        raise HTTPException(404, f"no job {job_id!r}") from exc
-    return {str(s["task"].id): s["data"] for s in _shapes(session, job)}
 
 
 #: the CSV export's columns after the job, shape and trial number and the config's parameters

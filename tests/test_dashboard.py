@@ -102,15 +102,13 @@ def test_job_page_has_tables_and_chart_data_from_real_trials(api_client, api_db_
     assert '<script src="/static/plotly.min.js"' in html
 
 
-def test_chart_data_endpoint_matches_the_page(api_client, api_db_url):
+def test_the_live_chart_data_is_the_pages_own(api_client, api_db_url):
     job_id = _job(api_client)
     run_worker_once(api_db_url)
-    charts = api_client.get(f"/jobs/{job_id}/charts").json()
-    [(task_id, data)] = charts.items()
+    [(task_id, shape)] = api_client.get(f"/jobs/{job_id}/live").json()["shapes"].items()
     html = api_client.get(f"/jobs/{job_id}").text
     embedded = re.search(rf'id="chart-data-{task_id}">(.*?)</script>', html, re.S).group(1)
-    assert json.loads(unescape(embedded)) == data
-    assert api_client.get("/jobs/nope/charts").status_code == 404
+    assert json.loads(unescape(embedded)) == shape["data"]
 
 
 def test_failed_trials_are_listed_with_their_reason(api_client, api_db_url):

@@ -282,7 +282,8 @@ def test_importance_and_parcoords_math():
 def test_every_page_is_html_with_the_navigation(api_client, path):
     r = api_client.get(path)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert all(f'href="{p}"' in r.text for p in ("/jobs", "/configs", "/misses", "/roofline"))
+    assert all(f'href="{p}"' in r.text for p in ("/jobs", "/configs", "/misses", "/roofline",
+                                                 "/dashboard/stale", "/dashboard/compare"))
 
 
 def test_misses_page_lists_reported_misses_with_their_jobs_and_the_overview_counts_them(

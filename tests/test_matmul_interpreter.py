@@ -7,7 +7,7 @@ import torch
 
 from search_spaces import get_kernel
 from search_spaces import matmul as mm
-from tuner.backends.replay import ReplayBackend, parse_table
+from tuner.backends.replay import ReplayBackend, parse_table, with_added_params
 from tuner.config import KernelConfig
 from tuner.kernel import output_check_of
 from tuner.measurement import Outcome
@@ -225,6 +225,11 @@ def test_a_recorded_table_replays_as_the_tiled_variant():
     assert backend.measure([mapped])[0].p50_ms == 0.5
     other = backend.measure([KernelConfig({**mapped, "VARIANT": mm.PERSISTENT})])[0]
     assert other.outcome is Outcome.COMPILE_ERROR and "not in the replay table" in other.error
+    assert backend.measure([KernelConfig(old)])[0].p50_ms == 0.5  # the recorded name too
+    # the table itself, renamed as the search names its configs
+    renamed = with_added_params(table, get_kernel("matmul").space())
+    assert renamed.results[mapped] == 0.5 and set(renamed.params) == set(space.names)
+    assert with_added_params(renamed, get_kernel("matmul").space()) is renamed
 
 
 def test_capability_of_a_fingerprint():

@@ -71,6 +71,23 @@ def parse_table(data: Any, where: str = "replay table") -> ReplayTable:
     return table
 
 
+def added_params(table: ReplayTable, space: SearchSpace) -> dict[str, int]:
+    """The parameters of ``space`` that the table's configs lack (the kernel gained them after
+    the recording), each with its first value: the one that runs the code the table measured
+    (matmul's VARIANT=0, the tiled kernel, and SPLIT_K=1)."""
+    return {p.name: p.values[0] for p in space.params if p.name not in table.params}
+
+
+def with_added_params(table: ReplayTable, space: SearchSpace) -> ReplayTable:
+    """The table as if recorded with every parameter of ``space`` (see ``added_params``): its
+    configs as a search of ``space`` names them."""
+    added = added_params(table, space)
+    if not added:
+        return table
+    results = {KernelConfig({**c, **added}): v for c, v in table.results.items()}
+    return replace(table, params=(*table.params, *added), results=results)
+
+
 def _outcome_of(error: str) -> Outcome:
     return Outcome.OUT_OF_RESOURCES if "OutOfResources" in error else Outcome.COMPILE_ERROR
 
@@ -96,8 +113,7 @@ class ReplayBackend:
         table was recorded takes its first value, alone: the one that runs the code the table
         measured (matmul's VARIANT=0, the tiled kernel, and SPLIT_K=1), so that samplers
         never propose the others."""
-        self._added = {p.name: p.values[0] for p in space.params
-                       if p.name not in self.table.params}
+        self._added = added_params(self.table, space)
         params = tuple(replace(p, values=p.values[:1]) if p.name in self._added else p
                        for p in space.params)
         allowed = frozenset(KernelConfig({**c, **self._added}) for c in self.table.results)

@@ -18,6 +18,13 @@ elements), the taps int32 offsets from it (within one padded image, at most 2**3
 elements). fp32 inputs are multiplied in IEEE fp32 (``input_precision="ieee"``, no TF32), as
 cuDNN does with TF32 off: the issue's fp32 target.
 
+The space is the tile over (output pixels x output channels x taps), GROUP_M, warps, stages and
+``GATHER_KM``: the input tile gathered as (M, K), the threads of a warp along the taps (one
+tap's decomposition per thread, but a dozen rows' window positions held per thread) or as
+(K, M) and transposed, along the pixels (fewer registers, twice the loop instructions on
+sm_90; NCHW's pixels are the contiguous direction). Register use, not shared memory, bounds the
+tiles: every thread keeps its rows' window positions and pointers for the whole loop.
+
 The layout is the problem, not a search parameter (a stored config must never be served for the
 other layout, whose gather differs), so each is a kernel of its own, as ``matmul_epilogue``
 registers its epilogues; both share this module's kernel, space and prior.
@@ -48,7 +55,7 @@ import triton
 import triton.language as tl
 
 from search_spaces import matmul as matmul_module
-from search_spaces.matmul import grouped_tile, tile_accumulator_registers, tile_shared_memory
+from search_spaces.matmul import grouped_tile, tile_shared_memory
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
@@ -260,18 +267,18 @@ def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
 
 
 def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    """The accumulator (matmul's rule), and with it one register per gathered element of the
-    input tile: its offsets are computed per element (not by a copy engine), so they live in
-    registers beside the accumulator until the tile is loaded."""
-    bm, bn, bk, warps = (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
-                         config["num_warps"])
-    full = tile_accumulator_registers(bm, bn, warps)
-    if full:
-        return full
-    regs = (bm * bn + bm * bk) // (32 * warps)
-    if regs >= 256:
-        return (f"the accumulator and the gathered input tile need {regs} registers per thread "
-                "(a thread has 255)")
+    """A thread's share of the accumulator and of the gathered input tile. Beside them it holds
+    each of its rows' window position and pointer for the whole loop (the gather computes
+    offsets per element: no copy engine), so this kernel spills long before matmul's limit:
+    compiled for sm_90 (ptxas, AlexNet conv1 in fp16 and fp32, both gathers), every tile with
+    128 accumulator registers a thread or 64 gathered elements spilled 1.6-4.7 KB of stack,
+    and 128 x 128 x 16 with 8 warps (64 and 8) 16-624 B."""
+    warps = 32 * config["num_warps"]
+    acc = config["BLOCK_M"] * config["BLOCK_N"] // warps
+    gathered = config["BLOCK_M"] * config["BLOCK_K"] // warps
+    if acc >= 128 or gathered >= 64:
+        return (f"a thread would hold {acc} accumulator registers and {gathered} gathered "
+                "input elements (128 or 64 spill: ptxas sm_90)")
     return None
 
 
@@ -287,15 +294,21 @@ def _redundant_tile(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages): the matmul tutorial's shapes cut to the
-# few output channels of a convolution (96 for AlexNet's first layer: one 128-wide column tile,
-# or 64 + 32), small-K tiles for fp32 (IEEE products on the CUDA cores, where a deep K slice
-# only adds registers), and small tiles for small problems
-_KNOWN_GOOD = [
-    (128, 128, 32, 8, 0, 8, 3), (128, 128, 64, 8, 0, 8, 2), (256, 128, 32, 8, 0, 8, 2),
-    (128, 64, 32, 8, 0, 4, 3), (64, 128, 32, 8, 0, 4, 3), (128, 32, 64, 8, 0, 4, 3),
-    (64, 64, 32, 8, 0, 4, 3), (128, 128, 16, 8, 0, 8, 3), (64, 128, 16, 8, 0, 4, 4),
-    (128, 64, 16, 8, 0, 4, 4), (64, 32, 32, 8, 0, 2, 4), (32, 64, 32, 8, 0, 2, 4),
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER_KM, warps, stages), from sm_90 compiles of AlexNet
+# conv1 (ptxas, no GPU run yet): the fewest loop instructions per multiply-add without large
+# spills. 16-bit: tensor-core tiles whose gather dominates the loop (128 wide in N: AlexNet's 96
+# output channels in one column tile, the input gathered once). fp32: IEEE products on the CUDA
+# cores, where FFMA is 68-76% of the loop's instructions in these tiles. Small tiles last, for
+# small problems.
+_KNOWN_GOOD_16 = [
+    (64, 128, 32, 8, 0, 8, 3), (128, 128, 16, 8, 0, 8, 3), (128, 128, 32, 8, 0, 8, 2),
+    (64, 128, 16, 8, 0, 4, 3), (64, 128, 64, 8, 0, 8, 2), (128, 64, 32, 8, 0, 8, 3),
+    (64, 128, 32, 8, 1, 8, 3), (64, 64, 16, 8, 0, 4, 3), (32, 64, 32, 8, 0, 2, 3),
+]
+_KNOWN_GOOD_32 = [
+    (128, 128, 16, 8, 0, 8, 2), (64, 128, 32, 8, 0, 8, 2), (128, 128, 16, 8, 1, 8, 2),
+    (128, 128, 32, 8, 0, 8, 2), (256, 64, 16, 8, 0, 8, 2), (128, 64, 16, 8, 0, 4, 2),
+    (64, 128, 16, 8, 1, 4, 2), (64, 64, 32, 8, 0, 4, 2), (32, 64, 32, 8, 0, 2, 3),
 ]
 _PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "GATHER_KM", "num_warps", "num_stages")
 
@@ -355,7 +368,8 @@ class Conv2dKernel:
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in _KNOWN_GOOD]
+        known = _KNOWN_GOOD_32 if dtype == "float32" else _KNOWN_GOOD_16
+        return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in known]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """64 x 64 x 32 tiles, cut to small problems (never larger than the GEMM needs): runs

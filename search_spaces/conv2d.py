@@ -464,14 +464,17 @@ class Conv2dKernel:
             torch.backends.cudnn.allow_tf32 = allowed
 
     def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None:
-        """matmul's analytic cost model on the implicit GEMM (M = output pixels, N = output
-        channels, K = filter taps): waves, occupancy, shared memory and L2 traffic per tile
-        rank tile shapes as they do for a GEMM. It does not see the gather (every input tile
-        goes through registers) nor fp32's CUDA-core products: a ranking, not a prediction."""
+        """fp16/bf16: matmul's analytic cost model on the implicit GEMM (M = output pixels,
+        N = output channels, K = filter taps): waves, occupancy, shared memory and L2 traffic
+        per tile rank tile shapes as they do for a tensor-core GEMM (it does not see the
+        gather; its top configs for AlexNet conv1 are the 128 x 128 x 16-32 tiles with 8 warps
+        that sm_90 compiles also favour). fp32: None; its IEEE products run on the CUDA cores,
+        which the model does not describe (it ranked the tiles with the densest FFMA loops
+        145th-745th of 2,420)."""
         from tuner.strategies import cost_model  # imported here: measuring children never rank
 
         g = Geometry.of(ctx.shape)
-        if g.problem():
+        if g.problem() or ctx.dtype == "float32":
             return None
         gemm = ProblemContext({"M": g.M, "N": g.K, "K": g.K_RED}, ctx.dtype, ctx.smem_limit,
                               ctx.sm_count)

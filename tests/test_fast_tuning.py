@@ -168,3 +168,220 @@ def test_a_new_shape_is_seeded_with_the_nearest_stored_shapes_bests(tmp_path):
     assert warm[2] in (stored[64], stored[4096]) and stored[16] not in warm[:3]
     assert warm[3:] == [c for c in known_good_first(kernel, shape, "float16", space)
                         if c not in warm[:3]]
+
+
+# -- compiling the likely winners first ----------------------------------------------------------
+
+def test_upcoming_is_what_the_model_asks_next():
+    kernel = get_kernel("matmul")
+    table = load_table(REPLAY / "matmul_16x4096x4096_float16_h200.json")
+    backend = ReplayBackend(table)
+    space = backend.restrict(kernel.space())
+    ctx = ProblemContext(table.shape, table.dtype)
+    strategy = ModelStrategy(space, ctx, seed=0, budget=48, prior=kernel.prior)
+    for _round in range(3):  # the startup picks, then the learned ranking
+        ahead = strategy.upcoming(6)
+        asked = [strategy.ask() for _ in range(6)]
+        assert ahead == asked and len(set(asked)) == 6
+        for config, m in zip(asked, backend.measure(asked), strict=True):
+            strategy.tell(config, m)
+
+
+class _PrefetchingReplay(ReplayBackend):
+    """A replay table behind a compile pool of 6: records what the loop compiles ahead."""
+
+    preferred_batch = 6
+
+    def __init__(self, table: Any) -> None:
+        super().__init__(table)
+        self.ahead: list[list[KernelConfig]] = []
+        self.batches: list[list[KernelConfig]] = []
+
+    def prefetch(self, configs: list[KernelConfig]) -> None:
+        self.ahead.append(list(configs))
+
+    def measure(self, configs, on_result=None):  # type: ignore[no-untyped-def]
+        self.batches.append(list(configs))
+        return super().measure(configs, on_result)
+
+
+def test_the_loop_compiles_ahead_the_warm_start_then_the_models_ranking():
+    kernel = get_kernel("matmul")
+    table = load_table(REPLAY / "matmul_4096x4096x4096_bfloat16_h200.json")
+    backend = _PrefetchingReplay(table)
+    warm = known_good_first(kernel, table.shape, table.dtype, backend.restrict(kernel.space()))
+    result = run_search(kernel, table.shape, table.dtype, backend,
+                        SearchOptions(trials=20, seed=0, warm_start=warm, retime_rounds=0))
+    # model strategies ask 4 at a time; the pool's other slots compile what comes next:
+    # first the rest of the warm start, in its order, then the model's picks
+    assert backend.batches[0] == warm[:4]
+    assert backend.ahead[0][:1] == warm[4:5] and len(backend.ahead[0]) == 6
+    assert backend.batches[1][0] == warm[4]
+    # most configs were compiled ahead before their batch asked for them
+    asked = [c for batch in backend.batches[1:] for c in batch]
+    seen: set[KernelConfig] = set()
+    early = 0
+    for ahead, batch in zip(backend.ahead, backend.batches[1:], strict=False):
+        seen.update(ahead)
+        early += sum(c in seen for c in batch)
+    assert early >= 0.6 * len(asked), (early, len(asked))
+    assert len(result.trials) == 20
+
+
+def test_a_batch_compiles_before_configs_compiled_ahead():
+    from tests.fakes.faulty import COMPILE_ERROR, GOOD, KERNEL
+    from tuner.backends.compile_pool import CompilePool
+
+    def cfg(mode: int, slow: int) -> KernelConfig:
+        return KernelConfig(MODE=mode, SLOW=slow)
+
+    pool = CompilePool("interpret", KERNEL.ref, {"N": 1000}, "float32", 1, 30.0)
+    try:
+        ahead = [cfg(GOOD, 1), cfg(GOOD, 2), cfg(GOOD, 3), cfg(COMPILE_ERROR, 1)]
+        pool.submit(ahead)
+        pool.submit([cfg(COMPILE_ERROR, 1), cfg(COMPILE_ERROR, 2)], first=True)
+        order: list[KernelConfig] = []
+        while len(order) < 5:
+            order += [c.config for c in pool.poll(5.0)]
+    finally:
+        pool.close()
+    # the batch goes first (the one config already dispatched aside), in its order, and a
+    # config it took back from the ahead queue is compiled once
+    assert order.index(cfg(COMPILE_ERROR, 1)) < order.index(cfg(COMPILE_ERROR, 2))
+    assert order.index(cfg(COMPILE_ERROR, 2)) < min(order.index(cfg(GOOD, 2)),
+                                                     order.index(cfg(GOOD, 3)))
+    assert sorted(order, key=str) == sorted({*ahead, cfg(COMPILE_ERROR, 2)}, key=str)
+
+
+def test_measure_takes_a_compile_finished_ahead_instead_of_compiling_again():
+    from tests.fakes.faulty import COMPILE_ERROR, GOOD, KERNEL
+    from tuner.backends import TimingOptions
+    from tuner.backends.process import ProcessBackend
+
+    good, bad = KernelConfig(MODE=GOOD, SLOW=2), KernelConfig(MODE=COMPILE_ERROR, SLOW=1)
+    first = KernelConfig(MODE=GOOD, SLOW=1)
+    timing = TimingOptions(compile_timeout_s=10, run_timeout_s=10, start_timeout_s=60)
+    backend = ProcessBackend("interpret", KERNEL.ref, {"N": 1000}, "float32", timing=timing,
+                             compile_workers=1)
+    try:
+        assert backend._pool is not None
+        backend.prefetch([good, bad])  # compiled behind the next batch
+        assert backend._pool.queued() == []
+        (m,) = backend.measure([first])
+        assert m.ok
+        while len(backend._compiled) < 2:
+            for compiled in backend._pool.poll(5.0):
+                backend._stash(compiled)
+        submitted: list[list[KernelConfig]] = []
+        real_submit = backend._pool.submit
+        backend._pool.submit = lambda configs, first=False: (  # type: ignore[method-assign]
+            submitted.append(list(configs)), real_submit(configs, first))[-1]
+        a, b = backend.measure([bad, good])
+    finally:
+        backend.close()
+    assert a.outcome is Outcome.COMPILE_ERROR and b.ok
+    assert submitted and all(s == [] for s in submitted)  # neither was compiled again
+    assert backend._compiled == {} and backend._ahead == set()
+
+
+# -- a sweep of shapes as one job on one backend ------------------------------------------------
+
+def test_parse_sweep_and_its_shapes():
+    from tuner.errors import InvalidRequest
+    from tuner.sweep import parse_sweep, sweep_shapes
+
+    assert parse_sweep("M=64,1,8,8") == ("M", [1, 8, 64])
+    assert sweep_shapes({"N": 16, "K": 32}, "M", [4, 1]) == [{"N": 16, "K": 32, "M": 1},
+                                                            {"N": 16, "K": 32, "M": 4}]
+    for bad in ("M", "M=", "=1,2", "M=a,b"):
+        with pytest.raises(InvalidRequest):
+            parse_sweep(bad)
+
+
+def test_a_retargeted_pool_drops_the_old_shapes_compiles_and_compiles_the_new_ones():
+    from tests.fakes.faulty import GOOD, KERNEL
+    from tuner.backends.compile_pool import CompilePool
+
+    old = [KernelConfig(MODE=GOOD, SLOW=s) for s in (1, 2, 3)]
+    new = KernelConfig(MODE=GOOD, SLOW=2)
+    pool = CompilePool("interpret", KERNEL.ref, {"N": 1000}, "float32", 1, 30.0)
+    try:
+        pool.submit(old)
+        pool.retarget({"N": 500}, "float32")
+        assert pool.queued() == []
+        pool.submit([new])
+        got: list[Any] = []
+        while not got:
+            got += pool.poll(5.0)
+        got += pool.poll(1.0)  # the old compile running at the retarget is not reported
+    finally:
+        pool.close()
+    assert [(c.config, c.failure) for c in got] == [(new, None)]
+
+
+def test_a_sweep_runs_its_shapes_in_one_child_each_seeded_by_the_one_before(tmp_path):
+    from tuner.sweep import run_sweep
+
+    factory = init_db(f"sqlite:///{tmp_path / 'sweep.db'}")
+    kernel = get_kernel("matmul")
+    shapes = [{"M": m, "N": 16, "K": 16} for m in (8, 16)]
+    result = run_sweep(factory, kernel, shapes, "float16", backend_kind="interpret", trials=3,
+                       compile_workers=0)
+    assert result.backends_opened == 1 and len(result.child_pids) == 1
+    assert [o.status for _s, o, _w in result.outcomes] == ["succeeded", "succeeded"]
+    first, second = (o.result for _s, o, _w in result.outcomes)
+    with factory() as s:
+        job = repo.get_job(s, result.job_id)
+        assert [dict(t.shape) for t in job.tasks] == shapes
+        stored = {r.shape["M"]: KernelConfig(r.config) for r in repo.list_best(s)}
+    assert set(stored) == {8, 16}
+    # the second shape started from the first shape's stored best
+    assert second.trials[0].config == stored[8] == first.best.config
+
+
+# -- bench/tuning_time.py's table ----------------------------------------------------------------
+
+def test_tuning_time_rows_and_markdown():
+    from bench import tuning_time as tt
+
+    problems = [tt.parse_problem(p) for p in tt.PROBLEMS]
+    assert problems[0] == tt.Problem("matmul", {"M": 4096, "N": 4096, "K": 4096}, "float16")
+    assert "--shape" in tt.tune_command(problems[0], "sqlite://", None)
+    assert tt.tune_command(problems[0], "sqlite://", 12)[-2:] == ["--trials", "12"]
+    assert "M=1,2,4,8,16,24,32,48,64,96,128,256,512,1024,1536,2048,3072,4096" in \
+        tt.sweep_command("sqlite://", None) and len(tt.MOE_TOKENS) == 18
+    with pytest.raises(ValueError):
+        tt.parse_problem("matmul:M=1")
+    tables = tt.load_tables([str(REPLAY)])
+    table = tt.find_table(tables, problems[0])
+    assert table is not None and table.shape == problems[0].shape and table.dtype == "float16"
+    assert tt.find_table(tables, problems[1]) is None  # 8192^3 bf16 was never recorded
+    # a run that chose the slowest config within 2% of the table's optimum, re-timed 1%
+    # slower than recorded
+    times = sorted(((v, c) for c, v in table.results.items() if isinstance(v, float)),
+                   key=lambda vc: vc[0])
+    ms, config = [vc for vc in times if vc[0] <= table.best_ms * 1.02][-1]
+    assert ms > table.best_ms
+    summary = {"status": "succeeded", "trials": 14, "stop_reason": "no expected gain",
+               "best_ms": ms * 1.01, "best_config": config.to_dict(), "wall_s": 8.0}
+    row = tt.problem_row(problems[0], summary, 9.5, table)
+    assert row["table_ratio"] == pytest.approx(ms / table.best_ms)
+    assert row["retimed_ratio"] == pytest.approx(ms * 1.01 / table.best_ms)
+    untabled = tt.problem_row(problems[1], {**summary, "wall_s": 20.0}, 21.0, None)
+    assert "table_ratio" not in untabled
+    assert tt.problem_row(problems[2], None, 3.0, None)["status"] == "no output"
+    tasks = [{"shape": {"M": m, "N": 14336}, "trials": 10, "stop_reason": "no expected gain",
+              "best_ms": 0.05, "best_config": {"BLOCK_SIZE_M": 16}, "wall_s": 4.0}
+             for m in (1, 2)]
+    sweep = tt.sweep_row({"shapes": 2, "backends_opened": 1, "tasks": tasks}, 100.0)
+    assert sweep["trials"] == 20 and sweep["status"] == "ok"
+    text = tt.markdown([row, untabled], sweep, "python3 -m bench.tuning_time --out x.md",
+                       "cuda:NVIDIA H200:sm90", cold_cache=True)
+    lines = text.splitlines()
+    first = next(line for line in lines if line.startswith("| matmul M=4096"))
+    assert "| 9.5 | 14 | no expected gain |" in first and first.endswith("| met |")
+    assert f"{ms / table.best_ms:.3f}" in first
+    second = next(line for line in lines if line.startswith("| matmul M=8192"))
+    assert second.endswith("| missed (time only) |")  # 21 s is over the 10 s target
+    assert "Total wall 100.0 s (met the 120 s target), 20 trials" in text
+    assert sum(line.startswith("| 1 |") or line.startswith("| 2 |") for line in lines) == 2

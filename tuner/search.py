@@ -318,6 +318,7 @@ class SearchLoop:
             if not batch:
                 return "space exhausted"
             fresh = [c for c, _ in dict.fromkeys(batch) if c not in self.tried]
+            self._compile_ahead()
             # each trial is recorded (and stored by on_trial) as soon as it is measured
             measured = self.backend.measure(fresh, on_result=self._record_fresh)
             for m in measured:  # a backend that did not report a result as it went
@@ -326,6 +327,20 @@ class SearchLoop:
                 self.strategy.tell(config, self.tried[config])
             reason = self._stop_reason(started)
         return reason
+
+    def _compile_ahead(self) -> None:
+        """Hand a backend that compiles ahead (``prefetch``: the process backend's compile
+        pool) the configs likely to be asked after this batch, most likely first: the warm
+        start's next configs, then the strategy's ranking. Its pool compiles them while the
+        GPU times this batch, so later batches find their binaries ready."""
+        prefetch = getattr(self.backend, "prefetch", None)
+        if not callable(prefetch):
+            return
+        n = int(getattr(self.backend, "preferred_batch", 1))
+        ahead = [c for c in self._warm if c not in self.tried][:n]
+        ahead += self.strategy.upcoming(n - len(ahead)) if len(ahead) < n else []
+        if ahead:
+            prefetch(list(dict.fromkeys(ahead)))
 
     def _batch_size(self) -> int:
         if self.options.batch_size:

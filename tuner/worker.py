@@ -93,8 +93,12 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  on_trial: Callable[[int, Measurement], None] | None = None,
                  heartbeat: Callable[[], bool] | None = None,
                  worker_id: str | None = None,
-                 compile_workers: int | None = None) -> TaskOutcome:
-    """Run one task to its end and persist everything. ``heartbeat`` renews the lease and
+                 compile_workers: int | None = None,
+                 backend: Any = None) -> TaskOutcome:
+    """Run one task to its end and persist everything. ``backend``: one already open for this
+    kernel and dtype (a sweep's shapes share one GPU child and compile pool, ``tuner.sweep``):
+    moved to the task's shape (``retarget``) and left open; else one is opened and closed
+    here. ``heartbeat`` renews the lease and
     returns False when the task is no longer ours (then the search stops). With ``worker_id``
     (the lease owner: the worker's id, ``"cli"`` for ``tuner tune``) every write is made only
     while the task is still that worker's: once it is not (reaped and re-queued, claimed by
@@ -113,15 +117,21 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                             stop_chance=getattr(settings, "stop_chance", DEFAULT_STOP_CHANCE)
                             or None)
         job_id = job.id
+    shared = backend is not None
     try:
-        backend = open_backend(backend_kind, kernel, shape, dtype, seed=job_seed(options_base),
-                               replay_table=replay_table, device_index=device_index,
-                               timing=timing, compile_workers=compile_workers)
+        if shared and getattr(backend, "shape", shape) != shape:
+            backend.retarget(shape)
+        elif not shared:
+            backend = open_backend(backend_kind, kernel, shape, dtype,
+                                   seed=job_seed(options_base), replay_table=replay_table,
+                                   device_index=device_index, timing=timing,
+                                   compile_workers=compile_workers)
         try:
             return _run_with_backend(_Run(factory, task_id, worker_id), job_id, kernel, shape,
                                      dtype, backend, options_base, resume, on_trial, heartbeat)
         finally:
-            backend.close()
+            if not shared:
+                backend.close()
     except repo.LeaseLost as exc:
         return _lost(factory, task_id, str(exc))
     except TunerError as exc:

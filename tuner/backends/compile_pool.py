@@ -72,18 +72,24 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         else:  # the worker's device (its index among the visible ones) as cuda:0
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
         kernel = load_ref(kernel_ref)
-        compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
-        # never full-size inputs of a large problem in every pool process: a smaller shape
-        # that compiles the same binary, or no compiling ahead at all
-        small = compile_shape_for(kernel, shape, dtype)
-        if small is None:
-            compile_fn = None
-        inputs = kernel.make_inputs(small or shape, dtype, "cuda" if kind == "cuda" else "cpu",
-                                    0) if compile_fn is not None else {}
+
+        def load(shape: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+            compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
+            # never full-size inputs of a large problem in every pool process: a smaller
+            # shape that compiles the same binary, or no compiling ahead at all
+            small = compile_shape_for(kernel, shape, dtype)
+            if small is None:
+                return None, {}
+            device = "cuda" if kind == "cuda" else "cpu"
+            return compile_fn, (kernel.make_inputs(small, dtype, device, 0)
+                                if compile_fn is not None else {})
+
+        compile_fn, inputs = load(shape)
     except Exception as exc:  # noqa: BLE001
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready",))
+    failed: str | None = None  # why the inputs of a retargeted shape could not be made
     while True:
         try:
             config = conn.recv()
@@ -91,9 +97,18 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             return
         if config is None:
             return
+        if isinstance(config, tuple):  # ("shape", shape, dtype): compile another shape now
+            _op, shape, dtype = config
+            try:
+                compile_fn, inputs, failed = *load(shape), None
+            except Exception as exc:  # noqa: BLE001 - every later compile reports it
+                compile_fn, inputs, failed = None, {}, f"{type(exc).__name__}: {exc}"
+            continue
         t0 = time.perf_counter()
         reply: tuple[str, KernelConfig, float, str | None, str | None]
         try:
+            if failed is not None:
+                raise RuntimeError(f"the compile inputs of this shape failed: {failed}")
             if compile_fn is not None:
                 compile_fn(config, inputs)
             reply = ("ok", config, time.perf_counter() - t0, None, None)
@@ -113,6 +128,9 @@ class _Slot:
     conn: Connection
     config: KernelConfig | None = None
     started: float = 0.0
+    #: the pool's shape generation this process compiles for, and that of its compile now
+    generation: int = 0
+    config_generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,7 +141,9 @@ class Compiled:
 
 
 class CompilePool:
-    """``submit`` configs; ``poll`` returns them as their compiles finish (in that order)."""
+    """``submit`` configs; ``poll`` returns them as their compiles finish (in that order).
+    Compiles start in queue order: a batch submitted ``first`` before configs compiled ahead
+    (``ProcessBackend.prefetch``), each in the order given (the strategy's ranking)."""
 
     def __init__(self, kind: str, kernel_ref: str, shape: dict[str, int], dtype: str,
                  size: int, timeout_s: float, device_index: int = 0,
@@ -137,6 +157,8 @@ class CompilePool:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
+        #: bumped by ``retarget``: compiles of an older generation are dropped
+        self._generation = 0
         self._thread: threading.Thread | None = None
         self.kills = 0
         #: pids of every pool process ever started (tests check that none is left behind)
@@ -183,10 +205,40 @@ class CompilePool:
         if reply[0] != "ready":
             raise RuntimeError(f"a compile process failed to start: {reply[1]}")
 
-    def submit(self, configs: Iterable[KernelConfig]) -> None:
+    def submit(self, configs: Iterable[KernelConfig], first: bool = False) -> None:
+        """Queue compiles, in order; ``first``: ahead of everything queued (a batch the GPU
+        waits for, before configs compiled ahead), taking back any of them queued already.
+        A config being compiled now is not queued again."""
         with self._lock:
-            self._queue.extend(configs)
+            busy = {s.config for s in self._slots if s.config is not None}
+            fresh = [c for c in dict.fromkeys(configs) if c not in busy]
+            if first:
+                moved = set(fresh)
+                self._queue = deque(c for c in self._queue if c not in moved)
+                self._queue.extendleft(reversed(fresh))
+            else:
+                self._queue.extend(fresh)
         self._wake.set()
+
+    def retarget(self, shape: dict[str, int], dtype: str) -> None:
+        """Compile for another shape (of the same kernel) from now on: the queue and every
+        finished compile not yet polled are dropped, compiles running now are dropped when
+        they finish, and each process makes its inputs for the new shape before its next
+        compile (processes started later, for it)."""
+        with self._lock:
+            self._generation += 1
+            self._args = (*self._args[:2], dict(shape), dtype, self._args[4])
+            self._queue.clear()
+            while True:
+                try:
+                    self._done.get_nowait()
+                except queue.Empty:
+                    break
+
+    def queued(self) -> list[KernelConfig]:
+        """Configs waiting for a compile process, next first."""
+        with self._lock:
+            return list(self._queue)
 
     def poll(self, timeout_s: float) -> list[Compiled]:
         """Finished compiles (waiting at most ``timeout_s`` for the first one)."""
@@ -224,16 +276,24 @@ class CompilePool:
         ready = wait([s.conn for s in busy], timeout=max(0.0, min(nearest, 0.1)))
         for slot in busy:
             if slot.conn in ready:
-                self._done.put(self._harvest(slot))
-        for compiled in self._expire_overdue():
-            self._done.put(compiled)
+                current = slot.config_generation == self._generation
+                compiled = self._harvest(slot)
+                if current:
+                    self._done.put(compiled)
+        for current, compiled in self._expire_overdue():
+            if current:
+                self._done.put(compiled)
 
     def _dispatch(self) -> None:
         with self._lock:
             for slot in self._slots:
                 if slot.config is None and self._queue:
                     slot.config, slot.started = self._queue.popleft(), time.monotonic()
+                    slot.config_generation = self._generation
                     try:
+                        if slot.generation != self._generation:  # retargeted since
+                            slot.conn.send(("shape", self._args[2], self._args[3]))
+                            slot.generation = self._generation
                         slot.conn.send(slot.config)
                     except (BrokenPipeError, OSError):
                         pass  # found dead when harvested
@@ -253,17 +313,19 @@ class CompilePool:
         return Compiled(config, seconds, Measurement(config, Outcome(outcome), error=error,
                                                      compile_s=seconds))
 
-    def _expire_overdue(self) -> list[Compiled]:
+    def _expire_overdue(self) -> list[tuple[bool, Compiled]]:
+        """Compiles over their timeout, killed: (of the current generation?, outcome)."""
         now, out = time.monotonic(), []
         for slot in self._slots:
             if slot.config is not None and now - slot.started > self.timeout_s:
                 config = slot.config
                 log.warning("compile of %s exceeded %.0f s; killing it", config.key(),
                             self.timeout_s)
+                current = slot.config_generation == self._generation
                 self._replace(slot)
-                out.append(Compiled(config, self.timeout_s, Measurement(
+                out.append((current, Compiled(config, self.timeout_s, Measurement(
                     config, Outcome.TIMEOUT, error=f"compile timed out after "
-                    f"{self.timeout_s:.0f} s", compile_s=self.timeout_s)))
+                    f"{self.timeout_s:.0f} s", compile_s=self.timeout_s))))
         return out
 
     def _replace(self, slot: _Slot) -> None:
@@ -273,9 +335,10 @@ class CompilePool:
         self.kills += 1
         if self._closed:
             return
+        generation = self._generation  # the shape its arguments are for
         fresh = self._spawn()
         self.pids.append(fresh.process.pid)
-        slot.process, slot.conn = fresh.process, fresh.conn
+        slot.process, slot.conn, slot.generation = fresh.process, fresh.conn, generation
         try:
             self._await_ready(slot)
         except RuntimeError as exc:  # try again on the next death; the others keep going

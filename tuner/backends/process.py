@@ -125,6 +125,10 @@ class ProcessBackend:
         self.best_ms: float | None = None
         #: pids of every GPU child started (restarts included)
         self.child_pids: list[int] = []
+        #: compiles finished ahead of their batch (``prefetch``), and those still queued
+        self._compiled: dict[KernelConfig, Compiled] = {}
+        self._ahead: set[KernelConfig] = set()
+        self._pending: list[KernelConfig] = []  # to compile ahead behind the next batch
         if compile_workers is None:  # the interpreter has nothing to compile ahead
             compile_workers = default_pool_size() if kind == "cuda" else 0
         # The pool's processes start (import torch, load the kernel) while the child does.
@@ -200,11 +204,56 @@ class ProcessBackend:
     def restrict(self, space: SearchSpace) -> SearchSpace:
         return space
 
+    def retarget(self, shape: dict[str, int]) -> None:
+        """Measure another shape of the same kernel and dtype from now on, with this GPU child
+        and compile pool (a sweep over shapes pays their start once): the child sets the new
+        problem up, the pool drops what it compiled for the old one. A child that fails the
+        setup is replaced (``WorkerDied`` when a fresh one fails it too, e.g. inputs too
+        large)."""
+        self.shape = dict(shape)
+        self.best_ms = None
+        self._compiled.clear()
+        self._ahead.clear()
+        self._pending = []
+        if self._pool is not None:
+            self._pool.retarget(self.shape, self.dtype)
+        try:
+            self._child.send(("setup", self.kernel_ref, self.shape, self.dtype, self.seed))
+            reply = self._child.receive(self.timing.start_timeout_s)
+        except (_Timeout, _Died) as exc:
+            reply = ("error", str(exc))
+        if reply[0] != "ok":
+            log.warning("the %s child failed to set up %s: %s", self.kind, self.shape, reply[1])
+            self._child.kill()
+            self._child = self._start()
+
+    def prefetch(self, configs: Sequence[KernelConfig]) -> None:
+        """Compile these ahead, in order, behind the next batch (the pool takes them when the
+        next ``measure`` has queued its own configs, so that they never delay it): configs
+        the search expects to ask next, most likely first. Their binaries land in Triton's
+        cache; a later ``measure`` of one takes its finished compile (or its compile error)
+        from here instead of waiting for it. Without a compile pool: nothing."""
+        if self._pool is not None:
+            self._pending = list(configs)
+
+    def _submit_ahead(self) -> None:
+        assert self._pool is not None
+        fresh = [c for c in self._pending if c not in self._compiled and c not in self._ahead]
+        self._pending = []
+        self._ahead.update(fresh)
+        self._pool.submit(fresh)
+
+    def _stash(self, compiled: Compiled) -> None:
+        """A compile no batch waits for (compiled ahead, or left from an abandoned batch)."""
+        self._ahead.discard(compiled.config)
+        self._compiled[compiled.config] = compiled
+
     def measure(self, configs: Sequence[KernelConfig],
                 on_result: MeasuredCallback | None = None) -> list[Measurement]:
         """Measure a batch; with a compile pool, the GPU times each config as soon as its
-        compile finished while the pool compiles the rest. Each result goes to ``on_result``
-        as soon as it is known."""
+        compile finished while the pool compiles the rest (the batch ahead of configs
+        compiled ahead; configs compiled ahead already are timed first). Each result goes to
+        ``on_result`` as soon as it is known."""
         unique = list(dict.fromkeys(configs))
         results: dict[KernelConfig, Measurement] = {}
 
@@ -219,13 +268,29 @@ class ProcessBackend:
             for config in unique:
                 done(self._measure_one(config))
             return [results[c] for c in configs]
-        self._pool.submit(unique)
+        for compiled in self._pool.poll(0.0):
+            self._stash(compiled)
         wanted = set(unique)
         ready: deque[Compiled] = deque()
+        for config in unique:  # compiled ahead: timed first
+            if config not in self._compiled:
+                continue
+            compiled = self._compiled.pop(config)
+            if compiled.failure is not None:
+                wanted.discard(config)
+                done(compiled.failure)
+            else:
+                ready.append(compiled)
+        self._pool.submit([c for c in unique if c in wanted and c not in
+                           {r.config for r in ready}], first=True)
+        self._submit_ahead()
         while len(results) < len(unique):
             for compiled in self._pool.poll(0.0 if ready else 0.5):
-                if compiled.config not in wanted or compiled.config in results:
-                    continue  # left over from an earlier, abandoned batch
+                self._ahead.discard(compiled.config)
+                if compiled.config not in wanted or compiled.config in results or any(
+                        r.config == compiled.config for r in ready):
+                    self._stash(compiled)  # compiled ahead, or left from an abandoned batch
+                    continue
                 if compiled.failure is not None:
                     wanted.discard(compiled.config)
                     done(compiled.failure)

@@ -47,6 +47,11 @@ class Strategy(ABC):
     def tell(self, config: KernelConfig, measurement: Measurement) -> None:
         """Learn the measurement of ``config`` (asked or not)."""
 
+    def upcoming(self, n: int) -> list[KernelConfig]:
+        """Up to ``n`` configs the strategy expects to ask next, most likely first, without
+        asking them: the search loop has them compiled ahead. [] where it cannot tell."""
+        return []
+
     def improvement_chance(self, best_ms: float, band: float) -> float | None:
         """The strategy's belief that some untried config runs faster than ``best_ms * (1 -
         band)``: the search loop's "no expected gain" stop (``SearchOptions.stop_chance``).

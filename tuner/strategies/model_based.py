@@ -125,14 +125,37 @@ class ModelStrategy(Strategy):
             config = self._queue.pop(0)
             if config not in self.asked and not self.tried[self.index[config]]:
                 return self._mark(config)
+        score = self._score()
+        if not np.isfinite(score).any():
+            return None
+        return self._mark(self.configs[int(np.argmin(score))])
+
+    def _free(self) -> np.ndarray:
+        """Configs neither measured nor asked."""
         free = ~self.tried
         for c in self.asked:
             free[self.index[c]] = False
+        return free
+
+    def _score(self) -> np.ndarray:
+        """What ``ask`` minimises: the predicted log-time less a bonus where nothing was
+        measured nearby; inf for configs measured or asked."""
+        free = self._free()
         if not free.any():
-            return None
+            return np.full(len(self.configs), np.inf)
         pred, support = self._predict()
-        score = np.where(free, pred - self.kappa / (1.0 + support), np.inf)
-        return self._mark(self.configs[int(np.argmin(score))])
+        return np.where(free, pred - self.kappa / (1.0 + support), np.inf)
+
+    def upcoming(self, n: int) -> list[KernelConfig]:
+        """The startup picks not asked yet, then the untried configs in the order ``ask``
+        would take them if no measurement came in between."""
+        picks = [c for c in self._queue
+                 if c not in self.asked and not self.tried[self.index[c]]][:n]
+        score = self._score()
+        for c in picks:
+            score[self.index[c]] = np.inf
+        order = np.argsort(score, kind="stable")[:max(0, n - len(picks))]
+        return picks + [self.configs[i] for i in order if np.isfinite(score[i])]
 
     def _mark(self, config: KernelConfig) -> KernelConfig:
         self.asked.add(config)
@@ -192,9 +215,7 @@ class ModelStrategy(Strategy):
         """The chance, as the model sees it, that the most promising untried config beats
         ``best_ms`` by more than ``band``: a normal around its predicted log-time with the
         model's measured prediction error (``prediction_sigma``). 0.0 when nothing is left."""
-        free = ~self.tried
-        for c in self.asked:
-            free[self.index[c]] = False
+        free = self._free()
         if not free.any() or best_ms <= 0:
             return 0.0
         pred, support = self._predict()

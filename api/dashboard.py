@@ -235,13 +235,30 @@ def job_progress(job: Job) -> dict[str, Any]:
                         "baseline_ms": t.baseline_ms} for t in tasks]}
 
 
+def _job_or_http(session: Session, job_id: str) -> Job:
+    """The job with this id or id prefix (the 8 characters the pages show), else the API's
+    answer as an HTTPException: 404 unknown, 422 too short, 409 ambiguous."""
+    try:
+        return repo.get_job_by_prefix(session, job_id)
+    except repo.NotFound as exc:
+        raise HTTPException(404, f"no job {job_id!r}") from exc
+    except repo.ShortJobId as exc:
+        raise HTTPException(422, str(exc)) from exc
+    except repo.AmbiguousJobId as exc:
+        raise HTTPException(409, str(exc)) from exc
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse:
     try:
-        job = repo.get_job(session, job_id)
-    except repo.NotFound:
-        return _page(request, "message.html", status_code=404, title="No such job",
-                     message=f"There is no job {job_id!r}.", back="/jobs")
+        job = _job_or_http(session, job_id)
+    except HTTPException as exc:
+        title = {404: "No such job", 409: "Several jobs", 422: "Job id too short"}
+        message = (f"There is no job {job_id!r}." if exc.status_code == 404
+                   else str(exc.detail))
+        return _page(request, "message.html", status_code=exc.status_code,
+                     title=title.get(exc.status_code, "No such job"), message=message,
+                     back="/jobs")
     return _page(request, "job.html", title=f"Job {job.id[:8]}",
                  **_job_context(session, job, request), outcome_names=list(OUTCOME_COLOURS))
 
@@ -265,10 +282,7 @@ def job_live(request: Request, job_id: str, session: SessionDep) -> dict[str, An
     """Everything on a job page that follows its trials, rendered by the same templates as the
     page: the job's parts, each shape's parts and chart data (by task id), and the progress.
     A running job's page swaps these in as trials arrive, so no number on it goes stale."""
-    try:
-        job = repo.get_job(session, job_id)
-    except repo.NotFound as exc:
-        raise HTTPException(404, f"no job {job_id!r}") from exc
+    job = _job_or_http(session, job_id)
     context = _job_context(session, job, request)
     settings: Settings = request.app.state.settings
     context["auth"] = bool(settings.parsed_api_keys())
@@ -310,10 +324,7 @@ def job_trials_csv(job_id: str, session: SessionDep,
     was a finalist, else its trial p50; ``measured`` says which) and the TFLOP/s and GB/s of
     that time, the trial's own and re-timed percentiles, the compile time and the GPU's clocks,
     power, temperature and throttle reasons as the trial was timed."""
-    try:
-        job = repo.get_job(session, job_id)
-    except repo.NotFound as exc:
-        raise HTTPException(404, f"no job {job_id!r}") from exc
+    job = _job_or_http(session, job_id)
     tasks = {t.id: t for t in job.tasks if task is None or t.id == task}
     if not tasks:
         raise HTTPException(404, f"job {job_id} has no task {task}")
@@ -741,8 +752,9 @@ def _cancel(request: Request, job_id: str, settings: Settings, api_key: str) -> 
                      "access; type it into the form on the job page.", back=f"/jobs/{job_id}")
     with request.app.state.session_factory() as session:
         try:
+            job_id = repo.resolve_job_id(session, job_id)
             repo.cancel_job(session, job_id)
-        except repo.NotFound:
+        except (repo.NotFound, repo.ShortJobId, repo.AmbiguousJobId):
             return _page(request, "message.html", status_code=404, title="No such job",
                          message=f"There is no job {job_id!r}.", back="/jobs")
         session.commit()

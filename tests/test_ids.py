@@ -111,10 +111,14 @@ def test_an_ambiguous_prefix_lists_at_most_ten_jobs_oldest_first(any_db_url):
         assert repo.resolve_job_id(session, "beef11") == ids[11]
 
 
-@pytest.mark.xfail(strict=True, reason="api/dashboard.py's job page still looks the id up "
-                   "whole (repo.get_job); the dashboard's owner switches it to "
-                   "repo.get_job_by_prefix, then this marker goes")
 def test_the_dashboard_job_page_takes_the_short_id_it_shows(client):
     job_id = client.post("/api/v1/jobs", json=JOB).json()["id"]
     page = client.get(f"/jobs/{job_id[:8]}")
     assert page.status_code == 200 and job_id in page.text
+    live = client.get(f"/jobs/{job_id[:8]}/live")
+    assert live.status_code == 200 and live.json()["parts"]["job"]
+    csv = client.get(f"/jobs/{job_id[:8]}/trials.csv")
+    assert csv.status_code == 200 and csv.text.splitlines()[0].startswith("job")
+    short = client.get(f"/jobs/{job_id[:3]}")
+    assert short.status_code == 422 and "Job id too short" in short.text
+    assert client.get("/jobs/0123456789abcdef/live").status_code == 404

@@ -120,7 +120,10 @@ def test_a_constraint_that_prunes_the_optimum_is_caught(tmp_path: Path,
             f"BLOCK={block} is over 256 (wrong: it prunes the optimum)")
     assert not any("constraint" in results[b] for b in (32, 64, 128, 256))
     optimum = min(results.values(), key=lambda r: r["ms"])
-    assert optimum["config"]["BLOCK"] == 1024, {b: r["ms"] for b, r in results.items()}
+    # the optimum is one of the wrongly pruned blocks (which one: the interpreter's timing,
+    # noisy on a loaded machine, decides)
+    assert optimum["config"]["BLOCK"] in (512, 1024), {b: r["ms"] for b, r in results.items()}
+    best_block = optimum["config"]["BLOCK"]
     kept = min(results[b]["ms"] for b in (32, 64, 128, 256)) / optimum["ms"]
     assert kept > 1.5
     path = tmp_path / name
@@ -133,8 +136,8 @@ def test_a_constraint_that_prunes_the_optimum_is_caught(tmp_path: Path,
     row = next(line for line in text.splitlines() if line.startswith(f"| {path.stem} |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5] == "yes" and float(cells[6]) == pytest.approx(optimum["ms"], abs=1e-4)
-    assert cells[7] == (f"{kept:.3f} (optimum pruned: BLOCK=1024 is over 256 (wrong: it "
-                        "prunes the optimum))")
+    assert cells[7] == (f"{kept:.3f} (optimum pruned: BLOCK={best_block} is over 256 (wrong: "
+                        "it prunes the optimum))")
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()
             if line.startswith("| ") and " | 1x" in line}
     assert set(rows) == {"tpe", "random"}
@@ -179,10 +182,10 @@ def test_the_command_records_a_table_and_says_when_the_limit_cut_it(tmp_path: Pa
     table = json.loads(path.read_text())
     assert table["format"] == "replay-v1" and table["shape"] == {"M": 4, "N": 33}
     cov = table["coverage"]
-    assert cov["space"] == 405 and 0 < cov["measured"] < 405 and not cov["complete"]
+    assert cov["space"] == 2835 and 0 < cov["measured"] < 2835 and not cov["complete"]
     assert "INCOMPLETE (cut at the 4 s limit)" in table["timing"]
     assert cov["stopped"] == "cut at the 4 s limit"
-    # on N=33 the constraints prune 360 of the 405 configs: a random sample holds many
+    # on N=33 the constraints prune 2,800 of the 2,835 configs: a random sample holds many
     assert sum("constraint" in r for r in table["results"]) > cov["measured"] // 2
     assert load_table(path).best_ms > 0
     assert any("cut at the 4 s limit" in line for line in lines)

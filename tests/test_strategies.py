@@ -307,9 +307,10 @@ def test_auto_is_the_model_for_a_kernel_with_a_prior_and_the_default_without(mon
     mm_ctx = ProblemContext({"M": 64, "N": 64, "K": 64}, "float16")
     assert kernel_has_prior(matmul, mm_ctx.shape, "float16", mm_ctx)
     sm_ctx = ProblemContext({"M": 4, "N": 33}, "float32")
-    assert not kernel_has_prior(softmax, sm_ctx.shape, "float32", sm_ctx)
+    assert kernel_has_prior(softmax, sm_ctx.shape, "float32", sm_ctx)  # its streaming model
     assert not kernel_has_prior(SmallKernel(), SMALL_CTX.shape, "float16", SMALL_CTX)
-    # the loop resolves it per kernel: a different default without a prior reaches softmax only
+    # the loop resolves it per kernel: a different default without a prior reaches the
+    # kernel without one only
     monkeypatch.setattr("tuner.strategies.DEFAULT_STRATEGY_WITHOUT_PRIOR", "random")
     table = small_table()
     auto = SearchOptions(trials=2, strategy="auto")
@@ -326,4 +327,4 @@ def test_auto_is_the_model_for_a_kernel_with_a_prior_and_the_default_without(mon
                       "results": [{"config": {"BLOCK_N": 64, "ROWS": 1, "num_stages": 2,
                                               "num_warps": 4}, "ms": 0.01}]})
     assert SearchLoop(softmax, sm.shape, sm.dtype, ReplayBackend(sm),
-                      auto).strategy.name == "random"
+                      auto).strategy.name == DEFAULT_STRATEGY

@@ -130,7 +130,9 @@ class SearchLoop:
         self.space: SearchSpace = backend.restrict(kernel.space())
         smem = backend.fingerprint.smem_per_block or DEFAULT_SMEM_LIMIT
         self.ctx = ProblemContext(dict(shape), dtype, smem,
-                                  backend.fingerprint.sm_count or ProblemContext.sm_count)
+                                  backend.fingerprint.sm_count or ProblemContext.sm_count,
+                                  ProblemContext.capability_of(
+                                      backend.fingerprint.compute_capability))
         # the kernel's own prior ranks configs (kernels written before TunableKernel.prior
         # have none: flat); "auto" is chosen by whether the kernel has one
         name = resolve_strategy(options.strategy, kernel_has_prior(kernel, shape, dtype, self.ctx))

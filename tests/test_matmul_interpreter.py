@@ -232,10 +232,29 @@ def test_a_recorded_table_replays_as_the_tiled_variant():
     assert with_added_params(renamed, get_kernel("matmul").space()) is renamed
 
 
-def test_capability_of_a_fingerprint():
+def test_capability_of_a_fingerprint_reaches_the_constraints():
     assert ProblemContext.capability_of("9.0") == 90
     assert ProblemContext.capability_of("8.6") == 86
     assert ProblemContext.capability_of(None) == ProblemContext.capability == 90
+    from dataclasses import replace
+
+    from tuner.search import SearchLoop, SearchOptions
+
+    table = parse_table({
+        "format": "replay-v1", "kernel": "matmul", "device": "synthetic",
+        "shape": {"M": 4096, "N": 4096, "K": 4096}, "dtype": "float16",
+        "params": ["BLOCK_K", "BLOCK_M", "BLOCK_N", "GROUP_M", "num_stages", "num_warps"],
+        "results": [{"config": {"BLOCK_K": 64, "BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8,
+                                "num_stages": 3, "num_warps": 8}, "ms": 0.2}]})
+    tma = variant("tma_persistent", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                  num_warps=8, num_stages=3)
+    for cc, pruned in (("8.0", True), ("9.0", False)):
+        backend = ReplayBackend(table)
+        backend.fingerprint = replace(backend.fingerprint, compute_capability=cc)
+        loop = SearchLoop(get_kernel("matmul"), table.shape, table.dtype, backend,
+                          SearchOptions(trials=1))
+        assert loop.ctx.capability == ProblemContext.capability_of(cc)
+        assert bool(loop.space.violation(tma, loop.ctx)) is pruned
 
 
 def test_matmul_inputs_are_random_not_zero():

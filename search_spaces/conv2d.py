@@ -58,7 +58,7 @@ from search_spaces import matmul as matmul_module
 from search_spaces.matmul import grouped_tile, tile_shared_memory
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
-from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: the layouts, by the ``CHANNELS_LAST`` constexpr the kernel takes
@@ -203,6 +203,18 @@ def geometry(shape: Mapping[str, int]) -> Geometry:
     if why:
         raise ValueError(f"conv2d {dict(shape)}: {why}")
     return g
+
+
+def _shrunk_side(size: int, extent: int, pad: int, stride: int) -> int:
+    """The smallest input side congruent to ``size`` mod 16 x ``stride`` (the output side then
+    keeps its residue mod 16) that still gives two outputs (``extent``: the dilated filter's)
+    and is 1 only if ``size`` is; ``size`` itself when that is not smaller."""
+    step = 16 * stride
+    lo = max(1, extent - 2 * pad + stride)
+    small = lo + (size - lo) % step
+    if small == 1 and size != 1:
+        small += step
+    return small if small < size else size
 
 
 def _filter_rows(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -398,21 +410,18 @@ class Conv2dKernel:
                 "stride": g.stride, "pad": g.pad, "dil": g.dil}
 
     def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
-        """A smaller problem compiled to the same binary: fewer images (N keeps its residue mod
-        16, 1 stays 1) and smaller images. H and W shrink by multiples of 16 x STRIDE, so that
-        they and the output's P and Q keep their residues mod 16 (and with them every stride and
-        the pixel count), and stay larger than the filter plus 16 strides (P and Q stay above
-        16: never 1 unless they were). The filter, the channels, stride, padding and dilation
-        are kept: they set the reduction."""
+        """A smaller problem compiled to the same binary: at most 17 images (N keeps its
+        residue mod 16, 1 stays 1) and images of a few output rows and columns (H and W shrink
+        by multiples of 16 x STRIDE: they and the output's P and Q keep their residues mod 16,
+        and with them every stride and the pixel count; P and Q stay at least 2, and H and W
+        are 1 only if they were). The filter, the channels, stride, padding and dilation are
+        kept: they set the reduction."""
         g = Geometry.of(shape)
         small = dict(shape)
-        small["N"] = shrunk_dim(g.N, 16)
-        step = 16 * g.stride
+        residue = g.N % 16
+        small["N"] = g.N if g.N <= 17 else residue + (16 if residue <= 1 else 0)
         for axis, taps in (("H", g.R), ("W", g.S)):
-            base = g.dil * (taps - 1) + 1 + step
-            size = shape[axis]
-            if size > base + step:
-                small[axis] = base + (size - base) % step
+            small[axis] = _shrunk_side(shape[axis], g.dil * (taps - 1) + 1, g.pad, g.stride)
         return small
 
     def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ DIL, the same for both spatial axes (torch's ``stride``, ``padding``, ``dilation
 integers). Every dimension is at least 1 (the protocol's and the conformance suite's rule),
 and a padding of 0 is the most common one: so the padding dimension is ``PAD1 = padding + 1``
 (``PAD1=1``: no padding), named so that no one reads it as the padding itself. The alternatives
-were worse: an output-size dimension instead of H makes the input size ambiguous (224 and 227
+were worse: an output-size dimension instead of H makes the input size ambiguous (224 and 226
 give the same 55 at stride 4), and a PAD with lo 0 fails the suite. The suite's 7-per-dimension
 problem must have an output (H + 2 * pad >= DIL * (R - 1) + 1 with all at 7 and pad 6): that
 caps DIL at 3 (a larger dilation needs a kernel-chosen example shape in the suite).

@@ -1,0 +1,141 @@
+"""Issue 13's GEMM targets: the configs expected to win, per variant, timed beside torch.
+
+For each target problem, each listed config is checked against the space's constraints (on this
+device: its SM count, shared memory and compute capability), run once and verified against the
+fp32 reference, then timed with ``triton.testing.do_bench`` interleaved with ``torch.matmul`` in
+this one process (ratio = torch ms / config ms: above 1 the config is faster). A quick look, not
+the tuner's protocol: ``bench/targets.py`` tunes the same problems with the product.
+
+Usage (on the GPU machine)::
+
+    python3 -m bench.matmul_variants [--only 4096] [--rounds 3]
+
+``--smoke`` runs and verifies every config once on the CPU interpreter, on small shapes with the
+same alignments, in float16 (the interpreter's bf16 dot is wrong), untimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
+_BIG = [("tma_persistent", 1, (128, 256, 64, 8, 8, 3)),
+        ("tma_persistent", 1, (128, 128, 64, 8, 8, 4)),
+        ("persistent", 1, (128, 256, 64, 8, 8, 3)), ("tiled", 1, (128, 256, 64, 8, 8, 3)),
+        ("tiled", 1, (128, 256, 32, 8, 8, 5))]
+TARGETS: list[tuple[str, str, float, list[tuple[str, int, tuple[int, ...]]]]] = [
+    ("M=4096,N=4096,K=4096", "float16", 0.95, _BIG),
+    ("M=8192,N=8192,K=8192", "bfloat16", 0.95, _BIG),
+    ("M=4096,N=14336,K=4096", "bfloat16", 0.95, _BIG),
+    ("M=3072,N=3072,K=3072", "bfloat16", 0.95, _BIG),
+    ("M=16,N=14336,K=4096", "bfloat16", 1.0, [
+        ("tiled", 1, (16, 64, 256, 1, 4, 5)), ("tiled", 1, (16, 128, 128, 1, 4, 4)),
+        ("split_k", 2, (16, 64, 256, 1, 4, 4)), ("split_k", 4, (16, 64, 128, 1, 4, 4)),
+        ("tma_persistent", 1, (16, 64, 256, 1, 4, 4))]),
+    ("M=64,N=8192,K=8192", "float16", 1.0, [
+        ("tiled", 1, (64, 64, 128, 1, 4, 4)), ("tiled", 1, (32, 64, 256, 1, 4, 4)),
+        ("split_k", 2, (64, 64, 128, 1, 4, 4)), ("split_k", 4, (64, 128, 128, 1, 8, 4)),
+        ("tma_persistent", 1, (64, 64, 128, 1, 4, 4))]),
+    ("M=777,N=1234,K=4321", "float16", 1.0, [
+        ("tiled", 1, (32, 128, 64, 1, 4, 3)), ("split_k", 2, (32, 128, 64, 1, 4, 3)),
+        ("split_k", 4, (64, 128, 64, 8, 4, 3)), ("split_k", 2, (64, 256, 64, 1, 8, 3))]),
+]
+_PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def _shape(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (part.split("=") for part in text.split(","))}
+
+
+def _config(variant: str, split: int, tile: tuple[int, ...]) -> Any:
+    from search_spaces.matmul import VARIANTS
+    from tuner.config import KernelConfig
+
+    return KernelConfig({**dict(zip(_PARAMS, tile, strict=True)),
+                         "VARIANT": VARIANTS.index(variant), "SPLIT_K": split})
+
+
+def _timed(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
+    """Median do_bench ms of each function, the functions interleaved round by round."""
+    import triton
+
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(float(triton.testing.do_bench(fn, warmup=25, rep=100)))
+    return [statistics.median(t) for t in times]
+
+
+def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
+    import torch
+
+    from search_spaces.matmul import KERNEL
+    from tuner.kernel import output_check_of
+    from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext
+    from tuner.verification import compare
+
+    device = "cpu" if smoke else "cuda"
+    sms, smem, cc = 132, DEFAULT_SMEM_LIMIT, 90
+    if not smoke:
+        props = torch.cuda.get_device_properties(0)
+        sms, cc = props.multi_processor_count, props.major * 10 + props.minor
+        smem = int(getattr(props, "shared_memory_per_block_optin", smem) or smem)
+        log(f"{props.name}, {sms} SMs, sm_{cc}")
+    space = KERNEL.space()
+    wrong = 0
+    for shape_text, dtype, target, configs in TARGETS:
+        if only and only not in shape_text:
+            continue
+        shape = _shape(shape_text)
+        if smoke:  # the same variants on a small problem with the same alignments
+            shape = {k: min(v, 48 + v % 16) for k, v in shape.items()}
+        ctx = ProblemContext(shape, dtype, smem, sms, cc)
+        inputs = KERNEL.make_inputs(shape, "float16" if smoke else dtype, device, seed=0)
+        ref = KERNEL.reference(inputs)
+        rows, fns = [], []
+        for variant, split, tile in configs:
+            config = _config(variant, split, tile)
+            reason = space.violation(config, ctx)
+            if reason and not smoke:
+                log(f"  {config.key()}: pruned ({reason})")
+                continue
+            inputs["out"].fill_(float("nan"))
+            KERNEL.launch(config, inputs)
+            checked = "float16" if smoke else dtype
+            check = compare(inputs["out"], ref, KERNEL.tolerance(checked), checked,
+                            output_check_of(KERNEL))
+            if not isinstance(check, float):
+                wrong += 1
+                log(f"  {config.key()}: WRONG ({check})")
+                continue
+            rows.append(config)
+            fns.append(lambda c=config, x=inputs: KERNEL.launch(c, x))
+        if smoke:
+            log(f"{shape_text} {dtype}: {len(rows)} configs right on the interpreter "
+                f"({'x'.join(map(str, shape.values()))} float16)")
+            continue
+        ms = _timed([lambda x=inputs: KERNEL.baseline(x), *fns], rounds)
+        log(f"{shape_text} {dtype} (target {target}x torch): torch {ms[0]:.4f} ms")
+        for config, t in sorted(zip(rows, ms[1:], strict=True), key=lambda r: r[1]):
+            log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {config.key()}")
+    return 1 if wrong else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="targets whose shape contains this text")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, small shapes")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return run(args.only, args.rounds, args.smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -384,6 +384,7 @@ MAX_WORKSPACE_BYTES = 1 << 30
 
 
 def _variant_params(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """SPLIT_K is 1 unless VARIANT is split_k, and more than 1 when it is."""
     # SPLIT_K only means something to split_k: elsewhere every value but 1 would be a
     # duplicate of the same kernel; split_k with 1 is the tiled kernel plus a copy.
     variant, split = variant_of(config), int(config.get("SPLIT_K", 1))
@@ -395,6 +396,8 @@ def _variant_params(config: KernelConfig, ctx: ProblemContext) -> str | None:
 
 
 def _split_k(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """split_k gives every split at least one K step, and its fp32 workspace stays under
+    MAX_WORKSPACE_BYTES."""
     if variant_of(config) != SPLIT_K_VARIANT:
         return None
     split = int(config["SPLIT_K"])

@@ -41,6 +41,27 @@ def test_tune_on_the_interpreter_stores_a_verified_best_that_configs_lists(db):
     assert rows[0]["shape"] == {"M": 17, "N": 33, "K": 65}
 
 
+def test_tune_sweep_tunes_every_value_as_one_job_and_stores_each_best(db):
+    swept = tuner("tune", "vector_add", "--sweep", "N=33,17", "--dtype", "float32",
+                  "--trials", "2", "--backend", "interpret", "--json", db=db)
+    assert swept.returncode == 0, swept.stderr
+    summary = json.loads(swept.stdout)
+    assert summary["sweep"] == "N" and summary["shapes"] == 2
+    assert [t["shape"] for t in summary["tasks"]] == [{"N": 17}, {"N": 33}]  # increasing
+    assert summary["backends_opened"] == 1  # one child for the whole sweep
+    listed = json.loads(tuner("configs", "--kernel", "vector_add", "--json", db=db).stdout)
+    assert sorted(r["shape"]["N"] for r in listed) == [17, 33]
+    bad = tuner("tune", "vector_add", "--sweep", "N=", "--backend", "interpret", db=db)
+    assert bad.returncode == 2 and "expected DIM=V1,V2" in bad.stderr
+
+
+def test_the_settings_stop_rule_default_is_the_search_s():
+    from tuner.search import DEFAULT_STOP_CHANCE
+    from tuner.settings import Settings
+
+    assert Settings().stop_chance == DEFAULT_STOP_CHANCE
+
+
 def test_tune_with_a_replay_table_prints_a_summary(db):
     out = tuner("tune", "matmul", "--replay", str(TABLE), "--trials", "20", db=db)
     assert out.returncode == 0, out.stderr

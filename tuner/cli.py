@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                       choices=["auto", "cuda", "interpret", "replay"])
     tune.add_argument("--replay", metavar="FILE", help="a replay-v1 table (implies --backend "
                       "replay)")
+    tune.add_argument("--sweep", metavar="DIM=V1,V2,...", help="tune every value of one "
+                      "dimension (e.g. M=1,2,4,...,4096 over --shape's other dimensions) as one "
+                      "job on one GPU child, each shape seeded by its neighbours' bests")
     tune.add_argument("--json", action="store_true", help="print one JSON object")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
 

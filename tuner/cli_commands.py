@@ -81,10 +81,33 @@ def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], 
     return kernel, shape, dtype, backend, table
 
 
+def _tune_sweep(args: argparse.Namespace) -> int:
+    """``tuner tune KERNEL --sweep DIM=...``: ``tuner.sweep`` (one job, one GPU child)."""
+    from tuner import sweep
+
+    if args.replay:
+        print("tuner: --sweep cannot be combined with --replay", file=sys.stderr)
+        return 2
+    argv = [args.kernel, "--sweep", args.sweep, "--dtype", args.dtype or "float16",
+            "--trials", str(args.trials), "--strategy", args.strategy, "--seed",
+            str(args.seed), "--backend", args.backend]
+    if args.shape:
+        argv += ["--shape", args.shape]
+    if args.seconds is not None:
+        argv += ["--seconds", str(args.seconds)]
+    if getattr(args, "db", None):
+        argv += ["--db", args.db]
+    if args.json:
+        argv.append("--json")
+    return sweep.main(argv)
+
+
 def tune(args: argparse.Namespace) -> int:
     from db import repo
     from tuner.worker import execute_task
 
+    if getattr(args, "sweep", None):
+        return _tune_sweep(args)
     kernel, shape, dtype, backend, table = _resolve_tune_input(args)
     settings = _settings(args)
     factory = _session_factory(settings)

@@ -31,7 +31,6 @@ from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.roofline import floor_ms as roofline_floor_ms
 from tuner.search import (
-    DEFAULT_STOP_CHANCE,
     SearchOptions,
     SearchResult,
     known_good_first,
@@ -114,8 +113,7 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                             time_budget_s=job.budget_seconds,
                             patience=settings.patience or None,
                             roofline_stop=settings.roofline_stop or None,
-                            stop_chance=getattr(settings, "stop_chance", DEFAULT_STOP_CHANCE)
-                            or None)
+                            stop_chance=settings.stop_chance or None)
         job_id = job.id
     shared = backend is not None
     try:

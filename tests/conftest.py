@@ -12,6 +12,23 @@ import pytest
 from sqlalchemy import create_engine, text
 
 POSTGRES_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
+#: tests measured slow in a full run (scripts/slow_tests.py): marked ``slow``, left out by the
+#: fast tier (``scripts/test.sh --fast``)
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+
+
+def _slow_ids() -> set[str]:
+    if not SLOW_TESTS.exists():
+        return set()
+    return {line.strip() for line in SLOW_TESTS.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = _slow_ids()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
 
 
 def _postgres_database() -> Iterator[str]:

@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
 from db import repo
-from db.models import ACTIVE, BestConfig, Device, Job, Task, utcnow
+from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Task, utcnow
 from search_spaces import get_kernel, kernel_names
 from tuner.config import triton_config_text
 from tuner.configs_file import VLLM_NAMES
@@ -224,9 +224,13 @@ def job_progress(job: Job) -> dict[str, Any]:
     tasks = list(job.tasks)
     done = sum(t.trials_done for t in tasks)
     budget = job.budget_trials * len(tasks)
+    # a finished shape is all done, however early its search stopped (the budget is a cap)
+    used = sum(job.budget_trials if t.status in TERMINAL else min(t.trials_done,
+                                                                  job.budget_trials)
+               for t in tasks)
     bests = [t.best_ms for t in tasks if t.best_ms is not None]
     return {"id": job.id, "status": job.status, "trials_done": done, "budget": budget,
-            "percent": round(100.0 * min(done, budget) / budget, 1) if budget else 0.0,
+            "percent": round(100.0 * used / budget, 1) if budget else 0.0,
             "tasks_done": sum(t.status in ("succeeded", "failed", "cancelled") for t in tasks),
             "tasks": len(tasks),
             "best_ms": min(bests) if len(tasks) == 1 and bests else None,

@@ -3,8 +3,8 @@
     python3 -m bench.dashboard_screenshots --base http://127.0.0.1:8900 --out docs
 
 The committed ones were taken with the service on ``docs/dashboard_demo_h200.db``: the SQLite
-file of a real ``tuner serve`` run on the H200 (``bench/dashboard_demo_data.sh``: two jobs,
-seven shapes, 48 trials each), served on this CPU machine by
+file of a real ``tuner serve`` run on the H200 (``bench/dashboard_demo_data.sh``: five jobs,
+seven matmul shapes and jobs of flash attention, softmax and conv2d), served on this CPU machine by
 ``TUNER_DATABASE_URL=sqlite:///docs/dashboard_demo_h200.db uvicorn api.app:app --port 8900``.
 """
 
@@ -25,7 +25,9 @@ def main() -> None:
     args = ap.parse_args()
     jobs = httpx.get(f"{args.base}/api/v1/jobs").json()["data"]
     pages = {"overview": "/", "jobs": "/jobs", "configs": "/configs",
-             "kernel": "/kernels/matmul", "roofline": "/roofline"}
+             "kernel": "/kernels/matmul", "roofline": "/roofline", "stale": "/dashboard/stale",
+             "compare": "/dashboard/compare?kernel=matmul&dtype=float16&shape=M=4096,N=4096,"
+                        "K=4096"}
     if jobs:
         pages["job"] = f"/jobs/{jobs[-1]['id']}"
     out = Path(args.out)

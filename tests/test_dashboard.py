@@ -575,3 +575,16 @@ def test_the_jobs_list_labels_a_best_that_is_a_trial_time(api_client, api_db_url
     _finish(api_db_url, task_id, best, 0.024, 0.036)
     assert best_cell() == "0.0240"  # re-timed: the headline, as the API's best_ms
     assert api_client.get(f"/api/v1/jobs/{job_id}").json()["tasks"][0]["best_ms"] == 0.024
+
+
+def test_a_shape_that_stopped_before_its_trial_cap_shows_as_all_done(api_client, api_db_url):
+    job_id, task_id = _driven_job(api_client, api_db_url)
+    best = _measurement(32, 0.030)
+    _record(api_db_url, task_id, _measurement(16, 0.050), best)
+    with init_db(api_db_url)() as session:
+        running = dashboard_progress(session, job_id)
+    assert running["trials_done"] == 2 and 0 < running["percent"] < 100
+    _finish(api_db_url, task_id, best, 0.024, 0.036)  # the search stopped early: the cap
+    with init_db(api_db_url)() as session:
+        done = dashboard_progress(session, job_id)
+    assert done["trials_done"] == 2 and done["tasks_done"] == 1 and done["percent"] == 100.0

@@ -39,7 +39,7 @@ MAX_WASTED_PROPOSALS = 25
 #: recorded H200 tables with ``bench/search_quality.py --stop-rule`` (bench/NOTES.md)
 DEFAULT_STOP_CHANCE = 0.05
 DEFAULT_STOP_BAND = 0.02
-DEFAULT_STOP_MIN_TRIALS = 8
+DEFAULT_STOP_MIN_TRIALS = 16
 DEFAULT_STOP_QUIET = 6
 #: how many of a kernel's known-good configs (and its default) a search tries first: those its
 #: prior ranks best. All of them cost 10+ trials before the model leads; on the recorded H200

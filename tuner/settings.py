@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     #: (0: never; the budget decides)
     patience: int = Field(default=0, ge=0)
     #: workers stop a search once the model's chance that an untried config beats the best by
-    #: over 2% falls under this (after 8 trials, 6 of them without an improvement; strategies
+    #: over 2% falls under this (after 16 trials, 6 of them without an improvement; strategies
     #: without a model never stop this way); 0: never, the trial budget decides
     stop_chance: float = Field(default=0.05, ge=0, lt=1)
     #: workers stop a search once its best reaches this fraction of the device's roofline for

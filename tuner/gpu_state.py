@@ -12,7 +12,9 @@ Without NVML every field is None; the interpreter records no GPU state at all.
 **The protocol: settled sustained state** (``TimingOptions.protocol``, env
 ``TUNER_TIMING_PROTOCOL``; the default). Every full timing (a trial, each round of a
 re-timing, the torch baseline, the calibration) is preceded by ``settle_warmup_ms`` (100 ms)
-of the timed work itself. Measured on the H200 (``bench/results/warmup_probe_h200.md``, a
+of the timed work itself, unless it follows another timing back to back (under
+``settle_gap_s``: a re-timing's rounds), when the clock is already at its sustained level.
+Measured on the H200 (``bench/results/warmup_probe_h200.md``, a
 compute-bound 8192^3 bf16 config, each timing after 0.3 s idle as in a sweep): with do_bench's
 usual 10 ms warm-up a 40 ms timing starts at the ~1965 MHz boost clock the GPU regained while
 idle and ends wherever the power limiter has pulled it (1.444 ms, spread 3.8%, and 10-15%

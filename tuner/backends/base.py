@@ -64,6 +64,10 @@ class TimingOptions:
     #: timing in whatever state the GPU is in, warm-up ``warmup_ms``).
     protocol: str = field(default_factory=default_protocol)
     settle_warmup_ms: float = 100.0
+    #: a full timing that starts under this long after the previous one finished (the rounds
+    #: of a re-timing, back to back) keeps the usual ``warmup_ms``: the GPU had no time to
+    #: regain its boost clock
+    settle_gap_s: float = 0.02
     cool_power_frac: float = 0.5
     cool_max_ms: float = 3000.0
     #: with ``settled``, also a long settle before the task's first timing, every re-timing,
@@ -81,10 +85,6 @@ class TimingOptions:
     def settles(self) -> bool:
         """Whether every full timing gets the sustained-state warm-up."""
         return self.protocol == "settled"
-
-    def full_warmup_ms(self) -> float:
-        """do_bench's warm-up for a full timing under this protocol."""
-        return max(self.warmup_ms, self.settle_warmup_ms) if self.settles else self.warmup_ms
 
     @property
     def cools(self) -> bool:

@@ -162,7 +162,9 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: Any,
                                         quantiles=[0.2, 0.5, 0.8])
             if float(q[1]) > getattr(timing, "quick_factor", 2.0) * best_ms:
                 return float(q[0]), float(q[1]), float(q[2]), True
-        q = triton.testing.do_bench(fn, warmup=_full_warmup_ms(timing), rep=timing.rep_ms,
+        idle_s = time.monotonic() - state.last_busy if state.last_busy else None
+        q = triton.testing.do_bench(fn, warmup=_full_warmup_ms(timing, idle_s),
+                                    rep=timing.rep_ms,
                                     quantiles=[0.2, 0.5, 0.8])
         return float(q[0]), float(q[1]), float(q[2]), False
     # The interpreter's wall time says nothing about a GPU; it is recorded only so that the
@@ -199,12 +201,16 @@ def _settles(timing: Any) -> bool:
     return protocol == "settled" and float(getattr(timing, "settle_max_ms", 0.0) or 0.0) > 0
 
 
-def _full_warmup_ms(timing: Any) -> float:
-    """do_bench's warm-up for a full timing: the settled protocol's sustained-state warm-up."""
+def _full_warmup_ms(timing: Any, idle_s: float | None = None) -> float:
+    """do_bench's warm-up for a full timing: the settled protocol's sustained-state warm-up,
+    unless the GPU finished a timing under ``settle_gap_s`` ago (``idle_s``): back-to-back
+    timings (a re-timing's rounds) keep it at the sustained clock."""
     warmup = float(getattr(timing, "warmup_ms", 10.0))
-    if getattr(timing, "protocol", "settled") == "settled":
-        return max(warmup, float(getattr(timing, "settle_warmup_ms", 0.0) or 0.0))
-    return warmup
+    if getattr(timing, "protocol", "settled") != "settled":
+        return warmup
+    if idle_s is not None and idle_s < float(getattr(timing, "settle_gap_s", 0.0) or 0.0):
+        return warmup
+    return max(warmup, float(getattr(timing, "settle_warmup_ms", 0.0) or 0.0))
 
 
 def _cool(state: ChildState, timing: Any) -> dict[str, Any] | None:
@@ -335,6 +341,7 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
             if done is not None:
                 cooled.append(done["ms"])
             medians[i].append(_time_fn(state, fn, timing)[1])
+            state.last_busy = time.monotonic()
             sample = state.gpu_sample()
             if sample is not None:
                 gpu[i].append(sample)

@@ -60,7 +60,9 @@ def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_u
         [sys.executable, "-m", "tuner.cli", "--db", any_db_url, "tune", "matmul",
          "--shape", "M=32,N=32,K=32", "--dtype", "float16", "--backend", "interpret",
          "--trials", "500", "--no-progress"],
-        cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # the "no expected gain" stop off: the search must still be running when interrupted
+        cwd=ROOT, env=_env(TUNER_STOP_CHANCE="0"), stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True)
     try:
         # a verified trial is in the database: there is a best to keep
         _wait_for(lambda: (t := _only_task(factory)) is not None and t.best_ms is not None,
@@ -83,7 +85,11 @@ def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_u
     fastest = min(verified, key=lambda t: t.p50_ms)
     assert len(trials) < 500
     assert len(stored) == 1 and stored[0].device_key == "interpret:cpu"
-    assert stored[0].config == fastest.config and stored[0].task_id == task.id
+    assert stored[0].task_id == task.id
+    # the fastest verified config the search knew: the fastest recorded trial, or one measured
+    # as the signal came, before its trial row was written (then faster still)
+    if stored[0].config != fastest.config:
+        assert stored[0].p50_ms < fastest.p50_ms, (stored[0].config, fastest.config)
     assert "the job is cancelled; stored its best verified config" in printed
     assert "stopped: interrupted" in printed
 
@@ -408,7 +414,8 @@ def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
         session.commit()
     log = open(tmp_path / "worker.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
-                             "interpret"], cwd=ROOT, env=_env(TUNER_DATABASE_URL=any_db_url),
+                             "interpret"], cwd=ROOT,
+                            env=_env(TUNER_DATABASE_URL=any_db_url, TUNER_STOP_CHANCE="0"),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def row() -> Any:

@@ -339,6 +339,81 @@ def test_a_sweep_runs_its_shapes_in_one_child_each_seeded_by_the_one_before(tmp_
     assert second.trials[0].config == stored[8] == first.best.config
 
 
+def test_a_retargeted_backend_measures_another_kernel_in_the_same_child_and_pool():
+    from tests.fakes.faulty import GOOD, KERNEL, SUBTRACT
+    from tuner.backends.process import ProcessBackend
+
+    backend = ProcessBackend("interpret", KERNEL.ref, {"N": 64}, "float32", compile_workers=1)
+    try:
+        configs = [KernelConfig(MODE=GOOD, SLOW=s) for s in (1, 2, 3)]
+        assert [m.outcome for m in backend.measure(configs)] == [Outcome.OK] * 3
+        assert backend.targets(KERNEL.ref, {"N": 64}, "float32", 0)
+        backend.retarget({"N": 32}, kernel_ref=SUBTRACT.ref, seed=1)
+        assert backend.targets(SUBTRACT.ref, {"N": 32}, "float32", 1)
+        ok, launch_fails, compile_fails = backend.measure(configs)
+        pids = list(backend.child_pids)
+    finally:
+        backend.close()
+    assert ok.outcome == Outcome.OK  # verified against a - b: the child computes the new kernel
+    assert "faulty_sub does not launch" in (launch_fails.error or "")  # the child loaded it
+    assert compile_fails.outcome == Outcome.COMPILE_ERROR  # and so did the compile pool
+    assert "faulty_sub does not compile" in (compile_fails.error or "")
+    assert len(pids) == 1
+
+
+def _queue_job(factory: Any, kernel_name: str, dtype: str, shape: dict[str, int]) -> str:
+    kernel = get_kernel(kernel_name)
+    with factory() as session:
+        job = repo.create_job(session, kernel=kernel_name, kernel_version=kernel.version,
+                              dtype=dtype, shapes=[shape], budget_trials=2, budget_seconds=None,
+                              strategy="random", force=True, seed=0, backend="interpret",
+                              device_key=None)
+        session.commit()
+        return str(job.id)
+
+
+def test_a_worker_keeps_its_child_across_tasks_of_different_kernels(tmp_path):
+    from tuner.worker import Worker
+
+    factory = init_db(f"sqlite:///{tmp_path / 'keep.db'}")
+    jobs = [_queue_job(factory, "matmul", "float16", {"M": 8, "N": 16, "K": 16}),
+            _queue_job(factory, "softmax", "float32", {"M": 3, "N": 10})]
+    worker = Worker(factory, backend_kind="interpret", device_key="interpret:cpu",
+                    compile_workers=0, keep_seconds=60.0)
+    try:
+        outcomes = [worker.run_once(), worker.run_once()]
+        assert worker.keeper is not None and worker.keeper.opened == 1
+        backend = worker.keeper.backend
+        assert backend is not None and len(backend.child_pids) == 1
+        child = backend._child.process
+        assert child.is_alive()  # kept for the next task
+    finally:
+        worker.close()
+    assert not child.is_alive() and worker.keeper.backend is None
+    assert [o.status for o in outcomes if o is not None] == ["succeeded", "succeeded"]
+    with factory() as session:
+        stored = {(r.kernel, r.dtype) for r in repo.list_best(session)}
+        assert all(repo.get_job(session, j).status == "succeeded" for j in jobs)
+    assert stored == {("matmul", "float16"), ("softmax", "float32")}
+
+
+def test_a_kept_backend_is_dropped_after_a_failed_task_and_when_idle():
+    from tests.fakes.faulty import KERNEL
+    from tuner.worker import BackendKeeper
+
+    keeper = BackendKeeper(idle_s=0.0)
+    first = keeper.acquire("interpret", KERNEL, {"N": 8}, "float32", 0, compile_workers=0)
+    assert keeper.acquire("interpret", KERNEL, {"N": 16}, "float32", 0,
+                          compile_workers=0) is first  # moved, not reopened
+    keeper.release(ok=False)  # the task broke: its child's state is unknown
+    assert keeper.backend is None and not first._child.process.is_alive()
+    second = keeper.acquire("interpret", KERNEL, {"N": 8}, "float32", 0, compile_workers=0)
+    keeper.release(ok=True)
+    assert keeper.backend is second and keeper.opened == 2
+    keeper.close_if_idle()  # idle_s=0: closed at the first idle check
+    assert keeper.backend is None and not second._child.process.is_alive()
+
+
 # -- bench/tuning_time.py's table ----------------------------------------------------------------
 
 def test_tuning_time_rows_and_markdown():

@@ -85,7 +85,8 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     _register_device(factory, fingerprint, calibration)
     worker = Worker(factory, backend_kind=kind, device_key=fingerprint.key,
                     device_index=device_index, lease_seconds=settings.lease_seconds,
-                    compile_workers=compile_workers_for(settings, kind, workers_on_host))
+                    compile_workers=compile_workers_for(settings, kind, workers_on_host),
+                    keep_seconds=settings.worker_keep_seconds)
     _register_worker(factory, worker.id, fingerprint, kind,
                      device_index if kind == "cuda" else None)
     _stop_on_signals(worker.stopping)

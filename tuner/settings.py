@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     #: workers stop a search once its best reaches this fraction of the device's roofline for
     #: the problem (0: never)
     roofline_stop: float = Field(default=0.95, ge=0, le=1)
+    #: seconds a worker keeps its measuring child (and compile pool) after a task, for the
+    #: next task to reuse: their start (imports, CUDA, the pool) is paid once, not per task;
+    #: an idle worker closes them after this long, freeing the GPU's memory; 0: a fresh child
+    #: per task
+    worker_keep_seconds: float = Field(default=600.0, ge=0)
     #: compile processes per GPU worker (compiling candidates ahead of the GPU); -1: the
     #: machine's cores shared among the workers ``tuner serve`` starts on it, less one each
     compile_workers: int = Field(default=-1, ge=-1)

@@ -86,6 +86,57 @@ def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str,
     return [c for c in dict.fromkeys(configs) if space.contains(c)]
 
 
+class BackendKeeper:
+    """A worker's measuring backend (GPU child and compile pool), kept from one task to the
+    next: a task whose problem differs moves it there (``ProcessBackend.retarget``), so that
+    only a worker's first task pays their start (about 7 s of imports and CUDA on the H200).
+    One that died, failed or sat idle for ``idle_s`` is closed; the next task opens a fresh
+    one. Not for replay backends (their table is the task's)."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.backend: Any = None
+        self.idle_since = time.monotonic()
+        #: backends opened (a test and the logs read it: 1 for a run of tasks = reused)
+        self.opened = 0
+
+    def acquire(self, backend_kind: str, kernel: TunableKernel, shape: dict[str, int],
+                dtype: str, seed: int, **open_kwargs: Any) -> Any:
+        if self.backend is not None and not self.backend.healthy:
+            self.discard()
+        if self.backend is None:
+            self.backend = open_backend(backend_kind, kernel, shape, dtype, seed=seed,
+                                        **open_kwargs)
+            self.opened += 1
+        elif not self.backend.targets(kernel.ref, shape, dtype, seed):
+            try:
+                self.backend.retarget(shape, kernel_ref=kernel.ref, dtype=dtype, seed=seed)
+            except BaseException:
+                self.discard()
+                raise
+        return self.backend
+
+    def release(self, ok: bool) -> None:
+        """The task is over: keep the backend for the next one when it ended cleanly and is
+        healthy, else close it."""
+        self.idle_since = time.monotonic()
+        if not ok or (self.backend is not None and not self.backend.healthy):
+            self.discard()
+
+    def close_if_idle(self) -> None:
+        if self.backend is not None and time.monotonic() - self.idle_since >= self.idle_s:
+            log.info("closing the idle measuring child after %.0f s", self.idle_s)
+            self.discard()
+
+    def discard(self) -> None:
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:  # noqa: BLE001 - it is being dropped either way
+                log.exception("closing a kept backend")
+
+
 def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  replay_table: ReplayTable | None = None, device_index: int = 0,
                  timing: TimingOptions | None = None,
@@ -93,11 +144,13 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  heartbeat: Callable[[], bool] | None = None,
                  worker_id: str | None = None,
                  compile_workers: int | None = None,
-                 backend: Any = None) -> TaskOutcome:
+                 backend: Any = None,
+                 keeper: BackendKeeper | None = None) -> TaskOutcome:
     """Run one task to its end and persist everything. ``backend``: one already open for this
     kernel and dtype (a sweep's shapes share one GPU child and compile pool, ``tuner.sweep``):
-    moved to the task's shape (``retarget``) and left open; else one is opened and closed
-    here. ``heartbeat`` renews the lease and
+    moved to the task's shape (``retarget``) and left open; ``keeper``: a worker's backend
+    kept across tasks, reused (moved to this task's problem) or opened, and kept after the
+    task unless it failed; else one is opened and closed here. ``heartbeat`` renews the lease and
     returns False when the task is no longer ours (then the search stops). With ``worker_id``
     (the lease owner: the worker's id, ``"cli"`` for ``tuner tune``) every write is made only
     while the task is still that worker's: once it is not (reaped and re-queued, claimed by
@@ -116,19 +169,34 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                             stop_chance=settings.stop_chance or None)
         job_id = job.id
     shared = backend is not None
+    kept = keeper is not None and not shared and backend_kind != "replay"
+    seed = job_seed(options_base)
+    clean = False  # the kept backend ended the task in a known state
     try:
-        if shared and getattr(backend, "shape", shape) != shape:
-            backend.retarget(shape)
+        if shared and hasattr(backend, "targets") and not backend.targets(
+                kernel.ref, shape, dtype, seed):
+            backend.retarget(shape, kernel_ref=kernel.ref, dtype=dtype, seed=seed)
+        elif kept:
+            assert keeper is not None
+            backend = keeper.acquire(backend_kind, kernel, shape, dtype, seed,
+                                     device_index=device_index, timing=timing,
+                                     compile_workers=compile_workers)
         elif not shared:
             backend = open_backend(backend_kind, kernel, shape, dtype,
-                                   seed=job_seed(options_base), replay_table=replay_table,
+                                   seed=seed, replay_table=replay_table,
                                    device_index=device_index, timing=timing,
                                    compile_workers=compile_workers)
         try:
-            return _run_with_backend(_Run(factory, task_id, worker_id), job_id, kernel, shape,
-                                     dtype, backend, options_base, resume, on_trial, heartbeat)
+            outcome = _run_with_backend(_Run(factory, task_id, worker_id), job_id, kernel,
+                                        shape, dtype, backend, options_base, resume, on_trial,
+                                        heartbeat)
+            clean = True
+            return outcome
         finally:
-            if not shared:
+            if kept:
+                assert keeper is not None
+                keeper.release(clean)
+            elif not shared:
                 backend.close()
     except repo.LeaseLost as exc:
         return _lost(factory, task_id, str(exc))
@@ -398,8 +466,11 @@ class Worker:
     def __init__(self, factory: SessionFactory, *, backend_kind: str, device_key: str,
                  device_index: int = 0, lease_seconds: float = 60.0, poll_seconds: float = 1.0,
                  timing: TimingOptions | None = None, name: str | None = None,
-                 compile_workers: int | None = None) -> None:
+                 compile_workers: int | None = None, keep_seconds: float = 0.0) -> None:
         self.factory, self.backend_kind, self.device_key = factory, backend_kind, device_key
+        #: the measuring child kept across tasks (``keep_seconds`` > 0; not for replay)
+        self.keeper = (BackendKeeper(keep_seconds)
+                       if keep_seconds > 0 and backend_kind != "replay" else None)
         #: compile processes per task (None: the backend's default)
         self.compile_workers = compile_workers
         self.device_index, self.lease_seconds, self.poll_seconds = (
@@ -427,7 +498,7 @@ class Worker:
             outcome = execute_task(self.factory, task_id, backend_kind=self.backend_kind,
                                    device_index=self.device_index, timing=self.timing,
                                    heartbeat=beat.alive, worker_id=self.id,
-                                   compile_workers=self.compile_workers)
+                                   compile_workers=self.compile_workers, keeper=self.keeper)
         except BaseException:  # exiting at once (a second signal): give the task back now
             self._release(task_id)
             raise
@@ -461,13 +532,23 @@ class Worker:
             log.info("worker %s stopping: task %s is queued again", self.id, task_id)
 
     def run_forever(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                if self.run_once() is None:
+        try:
+            while not self.stopping.is_set():
+                try:
+                    if self.run_once() is None:
+                        if self.keeper is not None:
+                            self.keeper.close_if_idle()
+                        self.stopping.wait(self.poll_seconds)
+                except Exception:  # noqa: BLE001 - a worker must outlive one bad task
+                    log.exception("worker %s: task failed unexpectedly", self.id)
                     self.stopping.wait(self.poll_seconds)
-            except Exception:  # noqa: BLE001 - a worker must outlive one bad task
-                log.exception("worker %s: task failed unexpectedly", self.id)
-                self.stopping.wait(self.poll_seconds)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the measuring child kept across tasks (if any)."""
+        if self.keeper is not None:
+            self.keeper.discard()
 
 
 class _Heartbeat(threading.Thread):

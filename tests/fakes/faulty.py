@@ -83,3 +83,29 @@ class FaultyKernel:
 
 
 KERNEL = FaultyKernel()
+
+
+class SubtractKernel(FaultyKernel):
+    """Another kernel over the same space (out = a - b): a worker keeps its child and compile
+    pool from a task of ``KERNEL`` to one of this, and both must load it. Two configs tell which
+    kernel answered: MODE=GOOD SLOW=3 fails to compile, SLOW=2 fails at launch (both fine in
+    ``KERNEL``)."""
+
+    name = "faulty_sub"
+    ref = "tests.fakes.faulty:SUBTRACT"
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        if config["MODE"] == GOOD and config["SLOW"] == 3:
+            raise CompilationError("faulty_sub does not compile SLOW=3")
+        super().compile(config, inputs)
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        if config["MODE"] == GOOD and config["SLOW"] == 2:
+            raise ValueError("faulty_sub does not launch SLOW=2")
+        torch.sub(inputs["a"], inputs["b"], out=inputs["out"])
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["a"] - inputs["b"]
+
+
+SUBTRACT = SubtractKernel()

@@ -97,9 +97,11 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             return
         if config is None:
             return
-        if isinstance(config, tuple):  # ("shape", shape, dtype): compile another shape now
-            _op, shape, dtype = config
+        if isinstance(config, tuple):  # ("shape", ref, shape, dtype): compile another problem
+            _op, ref, shape, dtype = config
             try:
+                if ref != kernel_ref:  # another task's kernel (a worker's pool outlives tasks)
+                    kernel, kernel_ref = load_ref(ref), ref
                 compile_fn, inputs, failed = *load(shape), None
             except Exception as exc:  # noqa: BLE001 - every later compile reports it
                 compile_fn, inputs, failed = None, {}, f"{type(exc).__name__}: {exc}"
@@ -220,14 +222,16 @@ class CompilePool:
                 self._queue.extend(fresh)
         self._wake.set()
 
-    def retarget(self, shape: dict[str, int], dtype: str) -> None:
-        """Compile for another shape (of the same kernel) from now on: the queue and every
-        finished compile not yet polled are dropped, compiles running now are dropped when
-        they finish, and each process makes its inputs for the new shape before its next
-        compile (processes started later, for it)."""
+    def retarget(self, shape: dict[str, int], dtype: str, kernel_ref: str | None = None) -> None:
+        """Compile for another problem from now on (another shape of the same kernel, or with
+        ``kernel_ref`` another kernel: a worker's pool serves task after task): the queue and
+        every finished compile not yet polled are dropped, compiles running now are dropped
+        when they finish, and each process loads the kernel and makes its inputs for the new
+        problem before its next compile (processes started later, for it)."""
         with self._lock:
             self._generation += 1
-            self._args = (*self._args[:2], dict(shape), dtype, self._args[4])
+            ref = kernel_ref if kernel_ref is not None else self._args[1]
+            self._args = (self._args[0], ref, dict(shape), dtype, self._args[4])
             self._queue.clear()
             while True:
                 try:
@@ -292,7 +296,8 @@ class CompilePool:
                     slot.config_generation = self._generation
                     try:
                         if slot.generation != self._generation:  # retargeted since
-                            slot.conn.send(("shape", self._args[2], self._args[3]))
+                            slot.conn.send(("shape", self._args[1], self._args[2],
+                                            self._args[3]))
                             slot.generation = self._generation
                         slot.conn.send(slot.config)
                     except (BrokenPipeError, OSError):

@@ -204,19 +204,29 @@ class ProcessBackend:
     def restrict(self, space: SearchSpace) -> SearchSpace:
         return space
 
-    def retarget(self, shape: dict[str, int]) -> None:
-        """Measure another shape of the same kernel and dtype from now on, with this GPU child
-        and compile pool (a sweep over shapes pays their start once): the child sets the new
-        problem up, the pool drops what it compiled for the old one. A child that fails the
-        setup is replaced (``WorkerDied`` when a fresh one fails it too, e.g. inputs too
-        large)."""
+    def targets(self, kernel_ref: str, shape: dict[str, int], dtype: str, seed: int) -> bool:
+        """Whether this backend is set up for exactly this problem."""
+        return (self.kernel_ref, self.shape, self.dtype, self.seed) == (
+            kernel_ref, dict(shape), dtype, seed)
+
+    def retarget(self, shape: dict[str, int], *, kernel_ref: str | None = None,
+                 dtype: str | None = None, seed: int | None = None) -> None:
+        """Measure another problem from now on (another shape of the kernel: a sweep; or
+        another kernel, dtype and seed: a worker's next task), with this GPU child and compile
+        pool, so that their start (~7 s of CUDA and imports on the H200) is paid once: the
+        child sets the new problem up, the pool drops what it compiled for the old one. A
+        child that fails the setup is replaced (``WorkerDied`` when a fresh one fails it too,
+        e.g. inputs too large)."""
         self.shape = dict(shape)
+        self.kernel_ref = kernel_ref or self.kernel_ref
+        self.dtype = dtype or self.dtype
+        self.seed = self.seed if seed is None else seed
         self.best_ms = None
         self._compiled.clear()
         self._ahead.clear()
         self._pending = []
         if self._pool is not None:
-            self._pool.retarget(self.shape, self.dtype)
+            self._pool.retarget(self.shape, self.dtype, self.kernel_ref)
         try:
             self._child.send(("setup", self.kernel_ref, self.shape, self.dtype, self.seed))
             reply = self._child.receive(self.timing.start_timeout_s)

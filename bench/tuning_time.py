@@ -17,6 +17,13 @@ GEMM: E=8 experts, N=14336, K=4096, top-2, bf16) as one job in a fresh database,
 ``--sweep-trials`` (16) trials a shape, and records its total wall time and each shape's trials
 and best. ``--cold-cache`` gives every command an empty
 Triton cache (TRITON_CACHE_DIR), so that compiles are counted as a first run pays them.
+
+``--service`` measures the problems as a user of the running service sees them instead: one
+``tuner serve`` (fresh SQLite database, one worker on the GPU, an empty Triton cache), each
+problem POSTed as a job in turn and waited for; the wall time is from the POST to the finished
+job as the client sees it (polled every 0.1 s). The worker keeps its GPU child and compile pool
+from one job to the next (``TUNER_WORKER_KEEP_SECONDS``), so only the first job pays their
+start: its row says so.
 """
 
 from __future__ import annotations
@@ -148,10 +155,14 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any] | None,
-             command: str, device: str | None, cold_cache: bool) -> str:
-    lines = ["# Tuning time: `tuner tune` per problem, and a MoE token-count sweep", "",
+             command: str, device: str | None, cold_cache: bool, service: bool = False) -> str:
+    how = ("each problem a job of one running `tuner serve` (wall: POST to finished job)"
+           if service else "`tuner tune` per problem")
+    cache = ("empty when the service started" if service
+             else "empty for every command" if cold_cache else "as found")
+    lines = [f"# Tuning time: {how}, and a MoE token-count sweep", "",
              f"Command: `{command}` ({time.strftime('%Y-%m-%d')}; device: {device or '-'}; "
-             f"Triton cache: {'empty for every command' if cold_cache else 'as found'})", "",
+             f"Triton cache: {cache})", "",
              f"Targets (issue 13): one shape within {TARGET_BAND:.0%} of its space's optimum in "
              f"<= {TARGET_SHAPE_S:.0f} s wall; {len(MOE_TOKENS)} token counts of one MoE layer "
              f"in <= {TARGET_SWEEP_S:.0f} s.", ""]
@@ -209,6 +220,65 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[dict[str, Any] | None, flo
         return None, wall, out.stderr[-2000:]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def service_rows(problems: Sequence[Problem], tables: Sequence[Any], trials: int | None,
+                 tmp: str, backend: str = "cuda") -> tuple[list[dict[str, Any]], str | None]:
+    """Each problem as a job of one running ``tuner serve`` (see the module's docstring)."""
+    from tuner.client import TunerClient
+
+    port = _free_port()
+    db = f"sqlite:///{Path(tmp) / 'service.db'}"
+    env = {**_env(tmp, "service-cache"), "TUNER_DATABASE_URL": db}
+    cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--backend", backend, "--workers", "1", "--api-workers", "1"]
+    log = open(Path(tmp) / "service.log", "w")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    rows: list[dict[str, Any]] = []
+    device = None
+    try:
+        with TunerClient(f"http://127.0.0.1:{port}") as client:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    client.jobs(limit=1)
+                    break
+                except Exception:  # noqa: BLE001 - not listening yet
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise RuntimeError("the service did not start: " + Path(
+                            tmp, "service.log").read_text()[-2000:]) from None
+                    time.sleep(0.5)
+            for i, problem in enumerate(problems):
+                t0 = time.monotonic()
+                created = client.submit_job(problem.kernel, [problem.shape], problem.dtype,
+                                            trials=trials or 48, backend=backend)
+                job = client.wait(created["id"], timeout=900, poll=0.1)
+                wall = time.monotonic() - t0
+                task = job["tasks"][0]
+                device = device or task.get("device")
+                summary = {"status": job["status"], "trials": task["trials_done"],
+                           "stop_reason": task["status"], "best_ms": task["best_ms"],
+                           "best_config": task["best_config"]}
+                row = problem_row(problem, summary, wall, find_table(tables, problem))
+                row["problem"] += " (first job: starts the worker's child)" if i == 0 else ""
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    return rows, device
+
+
 def _env(cache_root: str | None, name: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if cache_root is not None:
@@ -231,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "CLI's)")
     ap.add_argument("--no-problems", action="store_true", help="only the sweep")
     ap.add_argument("--cold-cache", action="store_true", help="an empty Triton cache each")
+    ap.add_argument("--service", action="store_true", help="the problems as jobs of one "
+                    "running tuner serve (its worker keeps its child across jobs)")
     args = ap.parse_args(argv)
     problems = [] if args.no_problems else [parse_problem(p) for p in
                                             (args.problem or PROBLEMS)]
@@ -238,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, sweep, device = [], None, None
     with tempfile.TemporaryDirectory(prefix="tuning-time-") as tmp:
         cache = tmp if args.cold_cache else None
+        if args.service:
+            rows, device = service_rows(problems, tables, args.trials, tmp)
+            problems = []
         for i, problem in enumerate(problems):
             db = f"sqlite:///{Path(tmp) / f'problem{i}.db'}"
             summary, wall, err = run(tune_command(problem, db, args.trials),
@@ -257,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device = device or next((t.get("device") for t in sweep["tasks"]), None)
             print(json.dumps({k: v for k, v in sweep.items() if k != "tasks"}), flush=True)
     text = markdown(rows, sweep, "python3 -m bench.tuning_time " + " ".join(argv), device,
-                    args.cold_cache)
+                    args.cold_cache, args.service)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(text)

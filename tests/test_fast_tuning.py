@@ -460,3 +460,16 @@ def test_tuning_time_rows_and_markdown():
     assert second.endswith("| missed (time only) |")  # 21 s is over the 10 s target
     assert "Total wall 100.0 s (met the 120 s target), 20 trials (cap" in text
     assert sum(line.startswith("| 1 |") or line.startswith("| 2 |") for line in lines) == 2
+
+
+def test_tuning_time_service_mode_tunes_each_problem_as_a_job_of_one_service(tmp_path):
+    from bench import tuning_time as tt
+
+    problems = [tt.parse_problem("matmul:M=8,N=16,K=16:float16"),
+                tt.parse_problem("softmax:M=3,N=10:float32")]
+    rows, _device = tt.service_rows(problems, [], 2, str(tmp_path), backend="interpret")
+    assert [r["status"] for r in rows] == ["succeeded", "succeeded"]
+    assert all(r["trials"] >= 1 and r["best_config"] and r["wall_s"] > 0 for r in rows)
+    assert "first job" in rows[0]["problem"] and "first job" not in rows[1]["problem"]
+    text = tt.markdown(rows, None, "python3 -m bench.tuning_time --service", None, False, True)
+    assert "one running `tuner serve`" in text and "empty when the service started" in text

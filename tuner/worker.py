@@ -109,6 +109,9 @@ class BackendKeeper:
                                         **open_kwargs)
             self.opened += 1
         elif not self.backend.targets(kernel.ref, shape, dtype, seed):
+            log.info("reusing the measuring child (pid %s) for %s %s %s",
+                     self.backend.child_pids[-1] if self.backend.child_pids else "-",
+                     kernel.name, shape, dtype)
             try:
                 self.backend.retarget(shape, kernel_ref=kernel.ref, dtype=dtype, seed=seed)
             except BaseException:

@@ -129,9 +129,16 @@ def problem_row(problem: Problem, summary: Mapping[str, Any] | None, wall: float
                stop=summary.get("stop_reason"), best_ms=summary.get("best_ms"),
                best_config=summary.get("best_config"), cli_wall_s=summary.get("wall_s"))
     if table is not None and summary.get("best_config"):
+        from search_spaces import get_kernel
+        from tuner.backends.replay import with_added_params
         from tuner.config import KernelConfig
 
-        recorded = table.results.get(KernelConfig(summary["best_config"]))
+        # the table's configs as the kernel's space names them now (matmul's VARIANT=0 and
+        # SPLIT_K=1: the tiled kernel it recorded); a config of another variant has no
+        # recorded time
+        named = with_added_params(table, get_kernel(problem.kernel).space())
+        chosen = KernelConfig(summary["best_config"])
+        recorded = table.results.get(chosen, named.results.get(chosen))
         row["table_ratio"] = (recorded / table.best_ms if isinstance(recorded, float)
                               else None)
         row["retimed_ratio"] = (summary["best_ms"] / table.best_ms

@@ -442,6 +442,14 @@ def test_tuning_time_rows_and_markdown():
     row = tt.problem_row(problems[0], summary, 9.5, table)
     assert row["table_ratio"] == pytest.approx(ms / table.best_ms)
     assert row["retimed_ratio"] == pytest.approx(ms * 1.01 / table.best_ms)
+    # the same config as today's space names it (the tiled variant) is found in the table;
+    # another variant's config has no recorded time
+    tiled = {**config.to_dict(), "VARIANT": 0, "SPLIT_K": 1}
+    named = tt.problem_row(problems[0], {**summary, "best_config": tiled}, 9.5, table)
+    assert named["table_ratio"] == pytest.approx(ms / table.best_ms)
+    other = tt.problem_row(problems[0], {**summary, "best_config": {**tiled, "VARIANT": 1}},
+                           9.5, table)
+    assert other["table_ratio"] is None
     untabled = tt.problem_row(problems[1], {**summary, "wall_s": 20.0}, 21.0, None)
     assert "table_ratio" not in untabled
     assert tt.problem_row(problems[2], None, 3.0, None)["status"] == "no output"

@@ -5,7 +5,10 @@ Each program takes BLOCK_M query rows of one (batch, head) and walks the keys BL
 time with an online softmax: a running row max ``m`` and row sum ``l`` in fp32, the fp32
 accumulator rescaled by ``exp(m_old - m_new)`` whenever the max grows, one division by ``l``
 at the end. Scores never leave the chip, so memory traffic is q, k, v and out once (plus K/V
-re-reads that L2 serves: consecutive programs are the query blocks of one head).
+re-reads that L2 serves: programs running together are the query blocks of a few heads).
+Causal rows differ in length: the grid runs the longest query blocks first over groups of
+heads whose K and V fit in L2 together (``_query_block``), so the last programs to start are
+the shortest and the SMs finish together.
 
 As the Triton tutorial ``06-fused-attention`` does: ``log2(e)`` is folded into the softmax
 scale so that every exponential is one ``exp2``; the probabilities go into the second dot in
@@ -118,20 +121,35 @@ def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo,
 
 
 @triton.jit
-def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale,
+def _query_block(pid, num_m, heads, group, CAUSAL: tl.constexpr):
+    """The (batch * head, query block) of program ``pid``. Full attention: query blocks
+    fastest, so the programs running together share one head's K and V in L2. Causal: the
+    heads in groups of ``group`` (as many as L2 holds the K and V of), and within a group
+    the query blocks from the last (the longest rows) to the first, every head of the group
+    at each: the grid's work comes longest first over all of it, so the last programs to
+    start are the shortest and the tail is short."""
+    if CAUSAL:
+        first = pid // (group * num_m) * group  # the group's first head
+        size = tl.minimum(group, heads - first)  # the last group may be smaller
+        r = pid - first * num_m
+        bh = first + r % size
+        start_m = num_m - 1 - r // size
+    else:
+        bh = pid // num_m
+        start_m = pid % num_m
+    return bh, start_m
+
+
+@triton.jit(do_not_specialize=["group"])
+def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale, group,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, MASK_D: tl.constexpr,
                             TMA: tl.constexpr):
-    # One grid axis (B * H may pass the 65,535 of the others), query blocks fastest: the
-    # programs running together share one head's K and V in L2. Causal rows differ in length:
-    # the longest go first, so the short ones fill the last wave.
-    pid = tl.program_id(0)
+    # One grid axis: B * H may pass the 65,535 of the others
     num_m = tl.cdiv(S, BLOCK_M)
-    bh = pid // num_m
-    start_m = pid % num_m
-    if CAUSAL:
-        start_m = num_m - 1 - start_m
+    bh, start_m = _query_block(tl.program_id(0), num_m, tl.num_programs(0) // num_m, group,
+                               CAUSAL)
     head = bh.to(tl.int64) * S * HEAD_DIM  # B * H * S * D may pass 2**31; one head may not
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -184,6 +202,17 @@ def block_d(head_dim: int) -> int:
     return max(16, next_pow2(head_dim))
 
 
+#: bytes of K and V that the heads of one causal group may take in L2 (the H100/H200 have 50
+#: MB, in two halves): 8 heads of S=4096, D=128 in 16-bit
+L2_GROUP_BYTES = 16 << 20
+
+
+def head_group(heads: int, S: int, D: int, elem_bytes: int) -> int:
+    """Heads whose causal programs are interleaved (:func:`_query_block`): as many as
+    ``L2_GROUP_BYTES`` holds the K and V of, at least 1, at most all."""
+    return max(1, min(heads, L2_GROUP_BYTES // (2 * S * D * elem_bytes)))
+
+
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
             config: KernelConfig) -> tuple[tuple[int], tuple[Any, ...], dict[str, int]]:
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
@@ -203,7 +232,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         keys = TensorDescriptor.from_tensor(k.view(B * H * S, D), block)
         values = TensorDescriptor.from_tensor(v.view(B * H * S, D), block)
     grid = (triton.cdiv(S, meta["BLOCK_M"]) * B * H,)
-    return grid, (q, keys, values, out, S, LOG2E / math.sqrt(D)), meta
+    group = head_group(B * H, S, D, q.element_size())
+    return grid, (q, keys, values, out, S, LOG2E / math.sqrt(D), group), meta
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -271,11 +301,13 @@ def _rows_per_warp(config: KernelConfig, ctx: ProblemContext) -> str | None:
 
 
 def _tma(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    """TMA copies whole (BLOCK_N, D) tiles of the (B * H * S, D) views: D must be the tile's
-    width (a power of two >= 16, no padding columns), rows 16-byte aligned, and the row
-    coordinates (32-bit) within reach."""
+    """TMA copies whole (BLOCK_N, D) tiles of the (B * H * S, D) views: an sm90 device or
+    newer, D the tile's width (a power of two >= 16, no padding columns), rows 16-byte
+    aligned, and the row coordinates (32-bit) within reach."""
     if not config.get("TMA"):
         return None
+    if ctx.capability < 90:
+        return f"TMA needs compute capability 9.0 or newer (the device has {ctx.capability})"
     D = ctx.shape["D"]
     if block_d(D) != D or D * ctx.elem_bytes % 16:
         return f"TMA needs a power-of-two head dim of at least 16 (D={D})"
@@ -294,16 +326,21 @@ def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages) known to run well on sm90 (the tutorial's region:
-#: BLOCK_M 128, 8 warps and 3-4 stages for D=128; 4 or 8 warps for D=64), most likely first
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA) known to run well on sm90, most likely first.
+#: Wide heads (D > 64), measured on the H200 (bf16 B4 H32 S4096 D128 causal): 128x64 with 4
+#: warps, 2 stages and TMA (1.246 ms: 96 KiB and <= 255 registers a thread let two programs
+#: share an SM and take turns), 128x128 with 8 warps and 3 stages (1.28-1.30 ms, TMA or not),
+#: 256x64 with 8 warps and TMA (1.35 ms); 128x64 with 8 warps and 2 stages ran 1.63 ms. Narrow
+#: heads (fp16 B16 H16 S1024 D64): 128x64 with 8 or 4 warps, 3-4 stages (0.194-0.198 ms).
 _KNOWN_GOOD = {
-    "wide": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
-             (128, 32, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3)],
-    "narrow": [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 4, 3),
-               (128, 64, 4, 4), (128, 128, 8, 4), (64, 64, 4, 3), (64, 128, 4, 3),
-               (128, 32, 4, 4)],
+    "wide": [(128, 64, 4, 2, 1), (128, 128, 8, 3, 1), (128, 128, 8, 3, 0), (256, 64, 8, 3, 1),
+             (128, 64, 8, 3, 0), (128, 64, 4, 2, 0), (128, 128, 8, 2, 1), (64, 64, 4, 3, 1),
+             (64, 64, 4, 3, 0), (128, 64, 8, 4, 0)],
+    "narrow": [(128, 64, 8, 3, 0), (128, 64, 4, 3, 0), (128, 64, 8, 4, 0), (128, 64, 8, 3, 1),
+               (64, 64, 4, 3, 0), (128, 64, 4, 4, 0), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
+               (128, 128, 8, 3, 0), (128, 32, 4, 4, 0)],
 }
-_PARAMS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+_PARAMS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
 #: K/V tiles by pointer loads (0) or by the Hopper's tensor memory accelerator (1), where
 #: this Triton has host-side descriptors
 TMA_VALUES = (0, 1) if TensorDescriptor is not None else (0,)
@@ -318,10 +355,34 @@ ALU_RATE = 2.3e11
 #: fp32 operations per score besides its exp2 (scale, max, subtract, sum, convert), and per
 #: accumulator element per key block (the rescale)
 SCORE_OPS, RESCALE_OPS = 5, 1
-#: one key block's dependency chain in one program, s: the scores' MMA must finish before the
-#: row max, the probabilities before the second MMA (~700 cycles that other programs on the
-#: SM can fill, but not the program's own work)
-STEP_CHAIN_S = 0.4e-6
+
+# The prior's constants below were fitted (least squares on log time, then rounded) to the 37
+# configs the H200 measured on the two target problems (bench/results/targets_14_h200.json,
+# targets_flash_causal_h200.json, the demo database): rank correlation 0.81 (causal, 17 configs)
+# and 0.79 (full, 20 configs), where the previous model's was -0.33 and 0.77.
+
+#: registers a thread holds besides the tiles (row max and sum, indices, loop state)
+THREAD_REGS = 24
+#: registers per 16-byte vector of a K or V tile a thread loads by pointers (TMA=0): its 64-bit
+#: address, and the next key block's (the copy engine computes TMA's)
+POINTER_REGS = 4
+#: the part of a program's softmax that its second warp group does not run under the first's
+#: MMAs (the two wait on the same K/V barriers, so they mostly work in step)
+INTRA_SOFTMAX = 0.35
+#: the same between programs sharing an SM (independent: they take turns, FlashAttention-3's
+#: ping-pong between warp groups, but the measured tables show little of it)
+INTER_SOFTMAX = 1.0
+#: one key block's dependency chain in one program besides its work, s: MMA latency, the row
+#: max and sum's reductions, the K/V barrier waits (~2,000 cycles)
+STEP_CHAIN_S = 1.0e-6
+#: a K/V tile's load latency that the num_stages - 1 tiles in flight must cover (TMA: 0.7 x)
+LOAD_LATENCY_S = 0.6e-6
+#: run time added per fraction of registers past a thread's limit (spills to local memory)
+SPILL_COST = 1.8
+#: per program besides its key blocks: Q's load, the pipeline's fill, the output's store, s
+PROGRAM_S = 6.0e-6
+#: the sum of the parts above is a serial model; the H200 ran the targets this much faster
+CALIBRATION = 0.65
 
 
 def _alike_mod16(d: int) -> int:
@@ -386,14 +447,13 @@ class FlashAttentionKernel:
         return KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, TMA=0)
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        """The default, then the tutorial's sm90 region for this head dim with pointer loads,
-        then its first four with TMA loads (the tutorial's Hopper path), keeping those that
-        pass the space's constraints on this problem (H200 limits)."""
+        """The default, then the configs measured best on sm90 for this head dim
+        (``_KNOWN_GOOD``; TMA ones where this Triton has descriptors), keeping those that pass
+        the space's constraints on this problem (H200 limits)."""
         listed = _KNOWN_GOOD["wide" if shape.get("D", 64) > 64 else "narrow"]
         configs = [self.default_config(shape, dtype)]
-        configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True)), TMA=0) for c in listed]
-        configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True)), TMA=1)
-                    for c in listed[:4] if 1 in TMA_VALUES]
+        configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in listed
+                    if c[-1] in TMA_VALUES]
         space = self.space()
         ctx = ProblemContext({"B": 1, "H": 1, "S": 1024, "D": 64, **shape}, dtype)
         return [c for c in dict.fromkeys(configs) if space.violation(c, ctx) is None]
@@ -410,9 +470,10 @@ class FlashAttentionKernel:
         return {"q": q, "k": k, "v": v, "out": torch.empty(size, device=device, dtype=dt)}
 
     def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
-        """Compile on a tiny problem: S is the kernel's only integer argument (Triton
-        specialises it on divisibility by 16 and ==1), D is a constexpr and stays; B and H
-        only size the grid. Each of B, H, S becomes the smallest size alike mod 16."""
+        """Compile on a tiny problem: S is the kernel's only specialised integer argument
+        (Triton specialises it on divisibility by 16 and ==1; the causal head group is not
+        specialised), D is a constexpr and stays; B and H only size the grid. Each of B, H,
+        S becomes the smallest size alike mod 16."""
         return {"B": _alike_mod16(shape["B"]), "H": _alike_mod16(shape["H"]),
                 "S": _alike_mod16(shape["S"]), "D": shape["D"]}
 
@@ -485,64 +546,79 @@ def _key_steps(S: int, bm: int, bn: int, causal: bool) -> tuple[float, int]:
     return min(total, float(num_m * longest)), longest
 
 
+def thread_registers_needed(config: KernelConfig, head_dim: int, elem_bytes: int) -> float:
+    """Registers a thread of ``config`` wants: its share of the fp32 accumulator and scores,
+    of the probabilities in the input dtype, ``THREAD_REGS``, and (pointer loads) the K and V
+    tiles' addresses."""
+    bm, bn, threads = config["BLOCK_M"], config["BLOCK_N"], 32 * config["num_warps"]
+    d = block_d(head_dim)
+    regs = (bm * (d + bn) + bm * bn * elem_bytes / 4) / threads + THREAD_REGS
+    if not config.get("TMA"):
+        regs += POINTER_REGS * 2 * bn * d * elem_bytes / 16 / threads
+    return regs
+
+
+def programs_per_sm(config: KernelConfig, head_dim: int, elem_bytes: int) -> int:
+    """Programs an SM runs at once: shared memory, registers (allocated 8 a thread at a
+    time, at most a thread's limit) and threads allow."""
+    from tuner.strategies import cost_model as cm
+
+    threads = 32 * config["num_warps"]
+    regs = min(thread_registers_needed(config, head_dim, elem_bytes),
+               thread_registers(config["num_warps"]))
+    regs = 8 * math.ceil(regs / 8)
+    smem = max(1, shared_memory(config, head_dim, elem_bytes))
+    return max(1, min(cm.SMEM_PER_SM // smem, cm.REGISTERS_PER_SM // (regs * threads),
+                      cm.THREADS_PER_SM // threads))
+
+
 def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float:
-    """Estimated run time in seconds, a ranking score in the manner of the GEMM cost model
-    (``tuner/strategies/cost_model.py``, whose H200 constants it uses): one key block of one
-    program costs its two dots on the tensor cores and its softmax (exponentials on the
-    special function units, fp32 arithmetic; it overlaps the dots only across warp groups
-    sharing an SM), pulling its K and V
-    tiles through L2, and the memory latency the stages do not hide; programs run in waves of
-    SMs x resident programs (shared memory, registers, threads); spills cost extra. A
-    warp group's key blocks are a chain (MMA, softmax, MMA): small blocks pay its latency."""
+    """Estimated run time in seconds, a ranking score with the GEMM cost model's H200
+    constants (``tuner/strategies/cost_model.py``). A program's key block is a chain: its two
+    MMAs on the tensor cores, its softmax (exponentials on the special function units, fp32
+    arithmetic: the second warp group of a program hides part of it), a fixed latency, and
+    the K/V load latency that the stages in flight do not cover. The programs an SM runs at
+    once (shared memory, registers, threads: :func:`programs_per_sm`) take turns on the tensor
+    cores and the special function units, so one round of theirs costs the longest of the
+    chain, their summed work and their L2 traffic; registers past a thread's limit spill.
+    Causal programs come longest first over the grid (:func:`_query_block`), so the SMs share
+    the key blocks evenly, bounded below by the longest program; full attention runs in
+    waves."""
     from tuner.strategies import cost_model as cm  # imported here: measuring children never rank
 
     B, H, S, D = (ctx.shape[n] for n in ("B", "H", "S", "D"))
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     warps, stages = config["num_warps"], config["num_stages"]
     d, e, sms = block_d(D), ctx.elem_bytes, ctx.sm_count or cm.DEFAULT_SM_COUNT
+    occ = programs_per_sm(config, D, e)
 
-    smem = max(1, shared_memory(config, D, e))
-    live = bm * (d + bn) / (32 * warps)  # fp32 accumulator and scores per thread
-    # + probabilities, addresses (TMA: the copy engine computes the K/V tiles' own)
-    want = live + bm * bn * e / 4 / (32 * warps) + (16 if config.get("TMA") else 32)
-    limit = thread_registers(warps)
-    regs = min(float(limit), want)
-    occ = max(1, min(cm.SMEM_PER_SM // smem, cm.REGISTERS_PER_SM // int(regs * 32 * warps),
-                     cm.THREADS_PER_SM // (32 * warps), 32))
-    programs = triton.cdiv(S, bm) * B * H
-    slots = sms * occ
-    per_sm = triton.cdiv(min(programs, slots), sms)
-
-    eff = cm.WARP_EFFICIENCY.get(warps, 0.8)
-    t_mma = 4.0 * bm * bn * d * per_sm / (cm.SM_FLOPS * eff)
-    t_softmax = per_sm * (bm * bn / EXP_RATE
-                          + (SCORE_OPS * bm * bn + RESCALE_OPS * bm * d) / ALU_RATE)
-    # warp groups (4 warps: one MMA unit's worth) on the SM, of one program or several, take
-    # turns: one's softmax runs under another's MMAs and fills its dependency chain
-    groups = per_sm * max(1, warps // 4)
-    overlap = 0.5 if groups > 1 else 0.0
-    t_compute = max(t_mma, t_softmax) + (1.0 - overlap) * min(t_mma, t_softmax)
-    t_chain = STEP_CHAIN_S + t_compute / groups  # one warp group's block, start to end
-    t_l2 = 2.0 * bn * d * e * min(programs, slots) / cm.L2_BW
-    t_lat = cm.LATENCY_S / max(1, stages - 1)
-    t_step = (t_compute ** cm.P + t_chain ** cm.P + t_l2 ** cm.P
-              + t_lat ** cm.P) ** (1.0 / cm.P)
-    if stages == 1:  # no load in flight during the block's work: its latency adds up
-        t_step += cm.LATENCY_S / groups
-    if live >= limit:
-        t_step *= 4.0
-    elif want > limit:
-        t_step *= 1.0 + 8.0 * (want / limit - 1.0)
+    # one key block of one program, on the whole SM's units (fewer than 4 warps reach only
+    # part of them)
+    share = min(1.0, warps / 4)
+    t_mma = 4.0 * bm * bn * d / (cm.SM_FLOPS * share)
+    t_softmax = (bm * bn * (1.0 / EXP_RATE + SCORE_OPS / ALU_RATE)
+                 + RESCALE_OPS * bm * d / ALU_RATE) / share
+    work = t_mma + t_softmax * (INTRA_SOFTMAX if warps >= 8 else 1.0)
+    latency = LOAD_LATENCY_S * (0.7 if config.get("TMA") else 1.0)
+    exposed = max(0.0, latency - (stages - 1) * work) if stages > 1 else 2.0 * latency
+    chain = work + STEP_CHAIN_S + exposed
+    l2 = occ * 2.0 * bn * d * e / (cm.L2_BW / sms)
+    turns = occ * (t_mma + INTER_SOFTMAX * t_softmax)
+    t_round = (chain ** cm.P + turns ** cm.P + l2 ** cm.P) ** (1.0 / cm.P)
+    want, limit = thread_registers_needed(config, D, e), thread_registers(warps)
+    if want > limit:
+        t_round *= 1.0 + SPILL_COST * (want / limit - 1.0)
 
     head_steps, longest = _key_steps(S, bm, bn, causal)
-    fixed = cm.LATENCY_S + cm.TILE_OVERHEAD_S  # loading Q, storing the output
-    waves = triton.cdiv(programs, slots)
+    programs = triton.cdiv(S, bm) * B * H
     if causal:
-        t_grid = max(head_steps * B * H / slots, longest) * t_step + waves * fixed
+        t_grid = (max(head_steps * B * H * t_round / (occ * sms), longest * chain)
+                  + programs * PROGRAM_S / (occ * sms))
     else:
-        t_grid = waves * (longest * t_step + fixed)
+        waves = triton.cdiv(programs, sms * occ)
+        t_grid = waves * (longest * t_round + PROGRAM_S)
     t_dram = 4.0 * B * H * S * D * e / cm.DRAM_BW
-    return float((t_grid ** cm.P + t_dram ** cm.P) ** (1.0 / cm.P))
+    return CALIBRATION * float((t_grid ** cm.P + t_dram ** cm.P) ** (1.0 / cm.P))
 
 
 KERNEL = FlashAttentionKernel(causal=False)

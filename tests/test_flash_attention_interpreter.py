@@ -14,23 +14,38 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+import search_spaces.flash_attention as module
 from search_spaces import get_kernel
-from search_spaces.flash_attention import CAUSAL, KERNEL, KERNELS, estimate_s, shared_memory
+from search_spaces.flash_attention import (
+    CAUSAL,
+    KERNEL,
+    KERNELS,
+    TMA_VALUES,
+    _query_block,
+    estimate_s,
+    head_group,
+    shared_memory,
+)
 from tuner.config import KernelConfig
 from tuner.kernel import load_ref
+from tuner.search import known_good_first
 from tuner.space import ProblemContext
 from tuner.verification import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(KERNELS)
-#: query blocks shorter, as long as, and longer than key blocks (the causal diagonal is then
-#: several key blocks, one, or part of one), with pointer loads; then TMA descriptor loads
+#: query blocks shorter, as long as, and 2 and 4 times as long as key blocks (the causal
+#: diagonal is then part of one key block, one, or several, rows of the query block seeing
+#: none of the last ones), with pointer loads; then TMA descriptor loads
 #: (whose last key block of a head runs into the next head's rows, or past the tensor's end)
 CONFIGS = [
     KernelConfig(BLOCK_M=16, BLOCK_N=32, num_warps=1, num_stages=2, TMA=0),
     KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=3, TMA=0),
     KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=2, TMA=0),
+    KernelConfig(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=2, TMA=0),
 ]
 TMA = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=2, TMA=1)
 #: S = 1, 17, 33 (a partial last block of queries and keys), 32 (whole blocks); D = 16 and 32
@@ -186,8 +201,6 @@ def test_the_torch_baseline_matches_the_reference(name, dtype):
 def test_the_reference_computed_in_chunks_is_the_whole(name, monkeypatch):
     """Long sequences' scores are materialised a few query rows and heads at a time: with a
     chunk of 40 scores (4 query rows of S=10, one head at a time) the reference is SDPA's."""
-    import search_spaces.flash_attention as module
-
     kernel = KERNELS[name]
     inputs = kernel.make_inputs({"B": 2, "H": 3, "S": 10, "D": 8}, "float32", "cpu", seed=5)
     monkeypatch.setattr(module, "REFERENCE_CHUNK", 40)
@@ -325,3 +338,141 @@ def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
     rows = json.loads(tuner("configs", "--kernel", name, "--json", db=db).stdout)
     assert len(rows) == 1 and rows[0]["config"] == summary["best_config"]
     assert CAUSAL.space().contains(KernelConfig(summary["best_config"]))
+
+
+# -- the order of the programs ---------------------------------------------------------------
+
+@triton.jit
+def _probe_order(out_ptr, num_m, group, CAUSAL: tl.constexpr):
+    pid = tl.program_id(0)
+    bh, start_m = _query_block(pid, num_m, tl.num_programs(0) // num_m, group, CAUSAL)
+    tl.store(out_ptr + 2 * pid, bh)
+    tl.store(out_ptr + 2 * pid + 1, start_m)
+
+
+def program_order(heads: int, num_m: int, group: int, causal: bool) -> list[tuple[int, int]]:
+    """(batch * head, query block) of each program, in program id order (the kernel's own
+    mapping, run on the interpreter)."""
+    out = torch.full((heads * num_m, 2), -1, dtype=torch.int32)
+    _probe_order[(heads * num_m,)](out, num_m, group, int(causal))
+    return [(int(bh), int(m)) for bh, m in out.tolist()]
+
+
+@pytest.mark.parametrize(("heads", "num_m", "group"),
+                         [(5, 3, 2), (7, 4, 3), (4, 5, 1), (3, 2, 3), (6, 1, 4), (1, 6, 1)])
+def test_causal_programs_go_longest_first_within_groups_of_heads(heads, num_m, group):
+    """Every (head, query block) once; the heads in groups of ``group`` (the last one
+    smaller), each group a run of programs; within a group the last query block (the longest
+    rows) of each of its heads first, then the one before, down to block 0."""
+    order = program_order(heads, num_m, group, causal=True)
+    assert sorted(order) == [(h, m) for h in range(heads) for m in range(num_m)]
+    at = 0
+    for first in range(0, heads, group):
+        size = min(group, heads - first)
+        run = order[at:at + size * num_m]
+        assert run == [(first + i, m) for m in reversed(range(num_m)) for i in range(size)]
+        at += size * num_m
+
+
+def test_full_attention_programs_take_one_head_at_a_time():
+    order = program_order(3, 4, 2, causal=False)
+    assert order == [(h, m) for h in range(3) for m in range(4)]
+
+
+def test_the_head_group_is_what_l2_holds():
+    # the target: K and V of a head are 2 MiB, 8 heads in 16 MiB
+    assert head_group(128, 4096, 128, 2) == 8
+    assert head_group(128, 4096, 128, 4) == 4
+    assert head_group(128, 65536, 128, 2) == 1  # one head's K and V alone are 32 MiB
+    assert head_group(3, 1024, 64, 2) == 3  # no more than there are
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_causal_outputs_are_right_with_several_head_groups(dtype, monkeypatch):
+    """Five heads in groups of two (the last of one head): every output row written (NaN
+    before) and right, for each block ratio and TMA."""
+    shape = {"B": 5, "H": 1, "S": 33, "D": 16}
+    monkeypatch.setattr(module, "L2_GROUP_BYTES", 2 * 2 * 33 * 16 * (2 if dtype == "float16"
+                                                                       else 4))
+    assert head_group(5, 33, 16, 2 if dtype == "float16" else 4) == 2
+    for config in CONFIGS + [TMA]:
+        inputs = run(CAUSAL, shape, dtype, config)
+        result = check(CAUSAL, inputs["out"], inputs, dtype)
+        assert isinstance(result, float), (config, result)
+
+
+# -- what a short search tries first ------------------------------------------------------------
+
+#: median times (ms) the H200 measured (bench/results/targets_14_h200.json,
+#: targets_flash_causal_h200.json, targets_14_early_h200.md, docs/dashboard_demo_h200.db) on
+#: the two target problems, by (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA)
+H200_CAUSAL_MS = {
+    (128, 64, 4, 2, 1): 1.246, (128, 128, 8, 3, 1): 1.300, (128, 128, 8, 3, 0): 1.307,
+    (256, 64, 8, 3, 1): 1.361, (128, 128, 8, 2, 0): 1.368, (256, 64, 8, 4, 1): 1.374,
+    (256, 64, 16, 3, 1): 1.383, (128, 128, 8, 2, 1): 1.388, (256, 64, 8, 5, 1): 1.388,
+    (256, 64, 16, 4, 1): 1.391, (128, 32, 8, 5, 1): 1.410, (256, 64, 16, 5, 1): 1.413,
+    (128, 32, 8, 4, 1): 1.420, (128, 32, 8, 5, 0): 1.513, (128, 32, 8, 4, 0): 1.524,
+    (128, 64, 8, 2, 1): 1.629, (256, 64, 8, 3, 0): 1.713}
+H200_FULL_MS = {
+    (128, 64, 8, 3, 0): 0.194, (128, 64, 4, 3, 0): 0.195, (128, 64, 8, 4, 0): 0.196,
+    (128, 64, 8, 3, 1): 0.198, (128, 64, 8, 5, 0): 0.199, (64, 64, 4, 3, 0): 0.201,
+    (128, 64, 4, 4, 0): 0.202, (128, 64, 8, 4, 1): 0.203, (64, 64, 4, 3, 1): 0.204,
+    (128, 64, 8, 5, 1): 0.205, (256, 64, 16, 3, 0): 0.214, (256, 64, 16, 4, 0): 0.215,
+    (256, 64, 16, 5, 0): 0.217, (128, 32, 4, 3, 1): 0.222, (128, 32, 4, 5, 1): 0.228,
+    (128, 32, 4, 4, 1): 0.229, (256, 64, 16, 3, 1): 0.238, (64, 128, 4, 2, 0): 0.240,
+    (256, 32, 8, 5, 1): 0.288, (128, 256, 8, 3, 0): 0.310}
+
+
+def as_config(t: tuple[int, ...]) -> KernelConfig:
+    return KernelConfig(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3], TMA=t[4])
+
+
+def rank_correlation(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rho (ties take their mean rank)."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+
+
+@pytest.mark.parametrize(("kernel", "shape", "dtype", "measured"), [
+    (CAUSAL, TARGETS[0][1], TARGETS[0][2], H200_CAUSAL_MS),
+    (KERNEL, TARGETS[1][1], TARGETS[1][2], H200_FULL_MS)], ids=["causal", "full"])
+def test_the_prior_orders_the_h200_s_measurements(kernel, shape, dtype, measured):
+    """The prior ranks the configs the H200 measured in about their measured order (the
+    model before these tables ranked the causal ones backwards: rho -0.33), and on the causal
+    target the fastest measured first."""
+    ctx = ProblemContext(shape, dtype)
+    prior = [estimate_s(as_config(t), ctx, kernel.causal) for t in measured]
+    assert rank_correlation(prior, list(measured.values())) >= 0.7
+    if kernel.causal:
+        fastest_ranked = min(zip(prior, measured, strict=True), key=lambda p: p[0])[1]
+        assert fastest_ranked == min(measured, key=measured.get)
+
+
+@pytest.mark.skipif(1 not in TMA_VALUES, reason="this Triton has no host-side TMA descriptors")
+def test_a_short_search_starts_with_the_h200_s_best_causal_config():
+    """The known-good configs a search tries first (after stored bests) on the causal
+    target: the H200's fastest (128x64, 4 warps, 2 stages, TMA) leads, 128x128 with 8 warps
+    and 3 stages is among them; below sm90 no TMA config is offered."""
+    kernel, shape, dtype = TARGETS[0]
+    first = known_good_first(kernel, shape, dtype)
+    assert first[0] == as_config((128, 64, 4, 2, 1))
+    assert {as_config((128, 128, 8, 3, 1)), as_config((128, 128, 8, 3, 0))} & set(first)
+    ampere = ProblemContext(shape, dtype, capability=80)
+    older = known_good_first(kernel, shape, dtype, ctx=ampere)
+    assert older and not any(c["TMA"] for c in older)
+    assert "compute capability" in kernel.space().violation(as_config((128, 64, 4, 2, 1)),
+                                                            ampere)

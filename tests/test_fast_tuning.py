@@ -397,6 +397,25 @@ def test_a_worker_keeps_its_child_across_tasks_of_different_kernels(tmp_path):
     assert stored == {("matmul", "float16"), ("softmax", "float32")}
 
 
+def test_a_prestarted_worker_runs_its_first_task_in_the_child_it_started(tmp_path):
+    from tuner.worker import Worker
+
+    factory = init_db(f"sqlite:///{tmp_path / 'pre.db'}")
+    _queue_job(factory, "softmax", "float32", {"M": 3, "N": 10})
+    worker = Worker(factory, backend_kind="interpret", device_key="interpret:cpu",
+                    compile_workers=0, keep_seconds=60.0)
+    try:
+        worker.prestart()
+        assert worker.keeper is not None and worker.keeper.backend is not None
+        started = worker.keeper.backend._child.process.pid
+        outcome = worker.run_once()
+        assert outcome is not None and outcome.status == "succeeded"
+        assert worker.keeper.opened == 1
+        assert worker.keeper.backend._child.process.pid == started
+    finally:
+        worker.close()
+
+
 def test_a_kept_backend_is_dropped_after_a_failed_task_and_when_idle():
     from tests.fakes.faulty import KERNEL
     from tuner.worker import BackendKeeper

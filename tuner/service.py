@@ -96,6 +96,7 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
                   settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id)
     log.info("worker %s serving device %s (%s)", worker.id, fingerprint.key, kind)
     try:
+        worker.prestart()
         worker.run_forever()
     finally:
         _stop_worker_row(factory, worker.id)

@@ -476,3 +476,17 @@ def test_a_short_search_starts_with_the_h200_s_best_causal_config():
     assert older and not any(c["TMA"] for c in older)
     assert "compute capability" in kernel.space().violation(as_config((128, 64, 4, 2, 1)),
                                                             ampere)
+
+
+def test_without_tma_descriptors_the_space_and_known_good_configs_fall_back(monkeypatch):
+    """A Triton without host-side descriptors (before 3.4): the space offers TMA=0 only, the
+    known-good configs keep their pointer-load entries, and a TMA=1 launch says why not."""
+    monkeypatch.setattr(module, "TensorDescriptor", None)
+    monkeypatch.setattr(module, "TMA_VALUES", (0,))
+    kernel, shape, dtype = TARGETS[0]
+    assert kernel.space().param("TMA").values == (0,)
+    configs = kernel.known_good_configs(shape, dtype)
+    assert len(configs) >= 5 and not any(c["TMA"] for c in configs)
+    inputs = KERNEL.make_inputs({"B": 1, "H": 1, "S": 17, "D": 16}, "float16", "cpu", 7)
+    with pytest.raises(ValueError, match="TMA=1 needs"):
+        KERNEL.launch(TMA, inputs)

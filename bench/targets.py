@@ -54,6 +54,8 @@ PROBLEMS = [
             "torch: addmm (bias) then gelu(tanh)"),
     Problem("moe_gemm", "M=4096,N=14336,K=4096,E=8,TOPK=2", "bfloat16", "x_torch", 1.0, 13,
             "top-2 routing; torch: a loop of per-expert matmuls"),
+    Problem("moe_gemm_variants", "M=4096,N=14336,K=4096,E=8,TOPK=2", "bfloat16", "x_torch", 1.0,
+            13, "moe_gemm with VARIANT (tiled, persistent, TMA persistent); torch: as above"),
     Problem("vector_add", "N=268435456", "float16", "bandwidth", 0.90, 14),
     Problem("add_layernorm", "M=32768,N=4096", "float16", "x_torch", 1.8, 14),
     Problem("softmax", "M=8192,N=50257", "bfloat16", "x_torch", 1.2, 14),

@@ -20,8 +20,7 @@ Two kernels are registered from this module:
   Its space has exactly the parameters of vLLM's kernel, so every config it stores is one vLLM's
   ``fused_moe_kernel`` takes as ``**config`` (an unknown key such as ``VARIANT`` would make that
   launch fail);
-- ``moe_gemm_variants`` (``VARIANTS_KERNEL``, a plugin: ``TUNER_KERNELS=
-  search_spaces.moe_gemm:VARIANTS_KERNEL``): the same space plus ``VARIANT`` (``VARIANTS`` names
+- ``moe_gemm_variants`` (``VARIANTS_KERNEL``): the same space plus ``VARIANT`` (``VARIANTS`` names
   its values), as matmul's: ``tiled`` (0); ``persistent`` (1), one program per SM walking the
   (row block, column block) tiles in grouped order with the tile loop flattened into the K loop;
   ``tma_persistent`` (2), that loop with the expert weights loaded by a tensor descriptor (TMA

@@ -37,6 +37,7 @@ ENV_VAR = "TUNER_KERNELS"
 BUILTINS: dict[str, str] = {
     "matmul": "search_spaces.matmul:KERNEL",
     "moe_gemm": "search_spaces.moe_gemm:KERNEL",
+    "moe_gemm_variants": "search_spaces.moe_gemm:VARIANTS_KERNEL",
     **{f"matmul_epilogue_{v}": f"search_spaces.matmul_epilogue:{v.upper()}" for v in (
         "none", "relu", "gelu", "silu",
         "none_residual", "relu_residual", "gelu_residual", "silu_residual")},

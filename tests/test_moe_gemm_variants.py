@@ -239,15 +239,10 @@ def test_expected_row_blocks_follow_the_routing_make_inputs_draws():
         assert math.isclose(active * blocks, real, rel_tol=0.15), (bm, active * blocks, real)
 
 
-def test_the_variants_kernel_registers_as_a_plugin_under_its_own_name(monkeypatch):
+def test_the_variants_kernel_is_a_built_in_beside_moe_gemm():
     from search_spaces import registry
 
-    monkeypatch.setenv("TUNER_KERNELS", VARIANTS_KERNEL.ref)
-    registry.reload()
-    try:
-        assert get_kernel("moe_gemm_variants") is VARIANTS_KERNEL
-        assert registry.plugin_errors() == []
-        assert get_kernel("moe_gemm") is KERNEL  # the built-in, vLLM's parameters
-    finally:
-        monkeypatch.delenv("TUNER_KERNELS")
-        registry.reload()
+    assert get_kernel("moe_gemm_variants") is VARIANTS_KERNEL
+    assert get_kernel("moe_gemm") is KERNEL  # vLLM's parameters alone: no VARIANT
+    assert "VARIANT" not in {p.name for p in KERNEL.space().params}
+    assert {"moe_gemm", "moe_gemm_variants"} <= set(registry.kernel_names())

@@ -25,9 +25,27 @@ tap's decomposition per thread, but a dozen rows' window positions held per thre
 sm_90; NCHW's pixels are the contiguous direction). Register use, not shared memory, bounds the
 tiles: every thread keeps its rows' window positions and pointers for the whole loop.
 
+NCHW's space has two more parameters. ``PADDED=1`` gathers without masks
+(``_conv2d_padded_kernel``): the launch first writes the input with its padding and one zero
+channel after the last (``padded_input``: one pass over the input, timed with the kernel; 60
+MB read and 83 MB written for AlexNet conv1 at N=100, ~0.035 ms at the H200's 4.2 TB/s copy
+bandwidth), the filter is
+packed as one row of output channels per tap (``packed_filter``, zero rows past the last tap;
+once per filter tensor, kept while the tensor lives unmodified), and each tap's offset from
+its window's origin comes from a table (``tap_offsets``, once per filter shape and input
+strides; the taps past the reduction's end point at the zero channel). A window then never
+leaves its padded image, rows past M read the last pixel's window and the reduction's tail
+multiplies zeros by zeros: the gather is an add and the load, and the fp32 K loop on sm_90 is
+81-89% FFMA instead of 50% (the masked gather's row positions spill). ``NSPLIT`` (PADDED=1
+only) computes NSPLIT column tiles of BLOCK_N from one gathered input tile (AlexNet's 96
+output channels as three of 32: the input gathered once, no padded columns). The space keeps
+the masked gather: the padded copy is a pass over the input, which may outweigh what it saves
+where the reduction and the output channels are few (a 1x1 convolution with few filters).
+
 The layout is the problem, not a search parameter (a stored config must never be served for the
 other layout, whose gather differs), so each is a kernel of its own, as ``matmul_epilogue``
-registers its epilogues; both share this module's kernel, space and prior.
+registers its epilogues; both share this module's kernels and prior; NHWC's space is the
+original one (no PADDED, NSPLIT: its 16-bit target is met).
 
 Dimensions: N, C, H, W (input), K (output channels), R, S (filter height, width), STRIDE, PAD1,
 DIL, the same for both spatial axes (torch's ``stride``, ``padding``, ``dilation`` as single
@@ -39,14 +57,15 @@ give the same 55 at stride 4), and a PAD with lo 0 fails the suite. The suite's 
 problem must have an output (H + 2 * pad >= DIL * (R - 1) + 1 with all at 7 and pad 6): that
 caps DIL at 3 (a larger dilation needs a kernel-chosen example shape in the suite).
 
-Same three layers as ``matmul``: ``_conv2d_kernel`` -> ``conv2d`` (the launcher) ->
-``Conv2dKernel`` (the TunableKernel, one instance per layout).
+Same three layers as ``matmul``: ``_conv2d_kernel`` and ``_conv2d_padded_kernel`` -> ``conv2d``
+(the launcher) -> ``Conv2dKernel`` (the TunableKernel, one instance per layout).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +87,13 @@ MAX_PIXELS = 1 << 30
 #: the most elements one padded input image, one output image or the filter may have: offsets
 #: within them are int32 (an image's own offset in the batch is int64)
 MAX_IMAGE = (1 << 31) - 1
+#: ``PADDED=1``'s packed filter and tap table have a multiple of this many taps (the largest
+#: BLOCK_K): every BLOCK_K slice of the reduction reads inside them
+RED_ALIGN = 128
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 @triton.jit
@@ -143,6 +169,89 @@ def _conv2d_kernel(
              mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _filter_slice(w_ptr, k0, offs_k, offs_n, K_OUT):
+    """Taps k0 .. k0 + BLOCK_K of the packed filter (rows of K_OUT output channels, zeros past
+    the last tap), columns ``offs_n``; columns past K_OUT read 0."""
+    return tl.load(w_ptr + (k0 + offs_k)[:, None] * K_OUT + offs_n[None, :],
+                   mask=(offs_n < K_OUT)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_tile(out_rows, offs_n, mask_m, acc, K_OUT, stride_ok):
+    tl.store(out_rows[:, None] + offs_n[None, :] * stride_ok, acc.to(out_rows.dtype.element_ty),
+             mask=mask_m[:, None] & (offs_n < K_OUT)[None, :])
+
+
+@triton.jit
+def _conv2d_padded_kernel(
+    x_ptr, w_ptr, taps_ptr, out_ptr,
+    M, K_OUT, P, Q, CONV_STRIDE,
+    stride_xn, stride_xh, stride_xw,
+    stride_on, stride_ok, stride_op, stride_oq,
+    K_RED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    GATHER_KM: tl.constexpr, NSPLIT: tl.constexpr,
+):
+    """The implicit GEMM on operands prepared by the launcher (``PADDED=1``): ``x`` with its
+    padding written out and one zero channel after the last, the filter packed as rows of
+    output channels, one per tap (``w_ptr``; zero rows past the last tap), and each tap's
+    offset from its window's origin (``taps_ptr``; past the last tap: the origin's pixel of
+    the zero channel). No load in the loop is masked but the filter's columns: a window never
+    leaves the padded image, rows past M read the last pixel's window, and the reduction's
+    tail reads zeros times zero weights. Offsets are int32 (the padded input has fewer than
+    2**31 elements: the space's constraint). A program computes NSPLIT tiles of BLOCK_N output
+    channels side by side from one gathered input tile."""
+    pid_m, pid_n = grouped_tile(M, K_OUT, BLOCK_M, BLOCK_N * NSPLIT, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * (BLOCK_N * NSPLIT) + tl.arange(0, BLOCK_N)
+    m = tl.minimum(offs_m, M - 1)
+    n = m // (P * Q)
+    pq = m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
+    rows = n * stride_xn + p * (CONV_STRIDE * stride_xh) + q * (CONV_STRIDE * stride_xw)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # (unused ones are folded away)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K_RED, BLOCK_K):
+        taps = tl.load(taps_ptr + k0 + offs_k)
+        if GATHER_KM:  # as (K, M): threads along the pixels
+            a = tl.trans(tl.load(x_ptr + (rows[None, :] + taps[:, None])))
+        else:  # as (M, K): threads along the taps
+            a = tl.load(x_ptr + (rows[:, None] + taps[None, :]))
+        acc0 = tl.dot(a, _filter_slice(w_ptr, k0, offs_k, offs_n, K_OUT), acc0,
+                      input_precision="ieee")
+        if NSPLIT > 1:
+            acc1 = tl.dot(a, _filter_slice(w_ptr, k0, offs_k, offs_n + BLOCK_N, K_OUT), acc1,
+                          input_precision="ieee")
+        if NSPLIT > 2:
+            acc2 = tl.dot(a, _filter_slice(w_ptr, k0, offs_k, offs_n + 2 * BLOCK_N, K_OUT),
+                          acc2, input_precision="ieee")
+        if NSPLIT > 3:
+            acc3 = tl.dot(a, _filter_slice(w_ptr, k0, offs_k, offs_n + 3 * BLOCK_N, K_OUT),
+                          acc3, input_precision="ieee")
+
+    # the output pixels again, unclamped, after the loop (nothing of them lives through it)
+    mask_m = offs_m < M
+    n = offs_m // (P * Q)
+    pq = offs_m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
+    out_rows = out_ptr + (n.to(tl.int64) * stride_on + p.to(tl.int64) * stride_op
+                          + q.to(tl.int64) * stride_oq)
+    _store_tile(out_rows, offs_n, mask_m, acc0, K_OUT, stride_ok)
+    if NSPLIT > 1:
+        _store_tile(out_rows, offs_n + BLOCK_N, mask_m, acc1, K_OUT, stride_ok)
+    if NSPLIT > 2:
+        _store_tile(out_rows, offs_n + 2 * BLOCK_N, mask_m, acc2, K_OUT, stride_ok)
+    if NSPLIT > 3:
+        _store_tile(out_rows, offs_n + 3 * BLOCK_N, mask_m, acc3, K_OUT, stride_ok)
+
+
 @dataclass(frozen=True)
 class Geometry:
     """A problem's sizes and its implicit GEMM's (M x K_OUT output, K_RED reduction)."""
@@ -178,6 +287,21 @@ class Geometry:
     @property
     def K_RED(self) -> int:  # noqa: N802 - the GEMM's reduction: filter taps
         return self.C * self.R * self.S
+
+    @property
+    def padded_elements(self) -> int:
+        """Elements of the padded input ``PADDED=1`` gathers from: the padding written out and
+        one zero channel after the last."""
+        return self.N * (self.C + 1) * (self.H + 2 * self.pad) * (self.W + 2 * self.pad)
+
+    def padded_problem(self) -> str | None:
+        """Why ``PADDED=1`` cannot compute this problem (its int32 offsets into the padded input
+        and the packed filter would overflow), else None."""
+        packed = _round_up(self.K_RED, RED_ALIGN) * self.K
+        if max(self.padded_elements, packed) > MAX_IMAGE:
+            return (f"PADDED=1: a padded input of {self.padded_elements} or a packed filter of "
+                    f"{packed} elements; offsets into them are int32 (at most {MAX_IMAGE})")
+        return None
 
     def problem(self) -> str | None:
         """Why this problem cannot be computed (no output, too many pixels), else None."""
@@ -232,6 +356,136 @@ def _args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, g: Geometry,
             rows.stride(0), *out.stride())
 
 
+# -- PADDED=1: operands prepared on the host ----------------------------------------------------
+
+#: packed filters by ``id()`` of the filter tensor, with the key they were packed for (its
+#: version counter among it: an in-place change repacks); an entry goes when its tensor does
+_PACKED: dict[int, tuple[tuple[Any, ...], torch.Tensor]] = {}
+#: tap tables by (filter shape, dilation, padded input strides, order, device)
+_TAPS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+@triton.jit
+def _pad_kernel(x_ptr, xp_ptr, ROWS, C, H, W, PAD, HP, WP,
+                stride_xn, stride_xc, stride_xh, stride_xw,
+                BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """BLOCK_R rows of the padded input (N x (C + 1) x HP rows of WP, contiguous), each
+    element read from ``x`` or 0: one pass, no separate fill."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    h = rows % HP
+    c = (rows // HP) % (C + 1)
+    n = rows // (HP * (C + 1))
+    ih = h - PAD
+    row_ok = (rows < ROWS) & (c < C) & (ih >= 0) & (ih < H)
+    src = x_ptr + (n.to(tl.int64) * stride_xn + c.to(tl.int64) * stride_xc
+                   + ih.to(tl.int64) * stride_xh)
+    dst = xp_ptr + rows.to(tl.int64) * WP
+    for w0 in range(0, WP, BLOCK_W):
+        ow = w0 + tl.arange(0, BLOCK_W)
+        iw = ow - PAD
+        ok = row_ok[:, None] & ((iw >= 0) & (iw < W))[None, :]
+        v = tl.load(src[:, None] + iw[None, :].to(tl.int64) * stride_xw, mask=ok, other=0.0)
+        tl.store(dst[:, None] + ow[None, :], v, mask=(rows < ROWS)[:, None] & (ow < WP)[None, :])
+
+
+def _padded_shape(x: torch.Tensor, pad: int) -> tuple[int, int, int, int]:
+    N, C, H, W = x.shape
+    return N, C + 1, H + 2 * pad, W + 2 * pad
+
+
+def _pad_launch(x: torch.Tensor, xp: torch.Tensor, pad: int
+                ) -> tuple[tuple[int], tuple[Any, ...], dict[str, int]]:
+    """``_pad_kernel``'s grid, arguments and constexprs for ``xp = padded_input(x, pad)``."""
+    N, C, H, W = x.shape
+    _, _, hp, wp = xp.shape
+    rows = N * (C + 1) * hp
+    block_w = min(256, next_pow2(wp))
+    block_r = max(1, 2048 // block_w)
+    return ((triton.cdiv(rows, block_r),), (x, xp, rows, C, H, W, pad, hp, wp, *x.stride()),
+            {"BLOCK_R": block_r, "BLOCK_W": block_w, "num_warps": 4})
+
+
+def padded_input(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """``x`` with ``pad`` zeros around every image and one zero channel after the last, as a
+    contiguous (N, C + 1, H + 2 * pad, W + 2 * pad) tensor: the input ``PADDED=1`` gathers
+    from, made at every launch (it is part of the timed work; one kernel, where torch's pad is
+    a fill and a copy). In it no window leaves its image, and every window's origin has a zero
+    pixel in the last channel, where the taps past the reduction's end point."""
+    xp = torch.empty(_padded_shape(x, pad), dtype=x.dtype, device=x.device)
+    grid, args, meta = _pad_launch(x, xp, pad)
+    _pad_kernel[grid](*args, **meta)
+    return xp
+
+
+def packed_filter(w: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """The filter as one row of K output channels per tap, in the layout's reduction order,
+    with zero rows up to a multiple of RED_ALIGN taps (contiguous, so that each BLOCK_K slice
+    loads as whole rows). Packed once per filter tensor and kept while the tensor lives and is
+    not modified (its version counter is part of the key), as weights are packed for a
+    library; a tensor without a version counter (inference mode) is packed at every launch."""
+    try:
+        key: tuple[Any, ...] | None = (w._version, w.data_ptr(), tuple(w.shape), w.stride(),
+                                       w.dtype, w.device, channels_last)
+    except RuntimeError:  # inference tensors track no version
+        key = None
+    hit = _PACKED.get(id(w)) if key is not None else None
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    rows = _filter_rows(w, channels_last)
+    k_out, red = rows.shape
+    packed = w.new_zeros((_round_up(red, RED_ALIGN), k_out))
+    packed[:red] = rows.t()
+    if key is not None:
+        if hit is None:
+            weakref.finalize(w, _PACKED.pop, id(w), None)
+        _PACKED[id(w)] = (key, packed)
+    return packed
+
+
+def tap_offsets(C: int, R: int, S: int, dil: int, strides: tuple[int, ...],
+                channels_last: bool) -> list[int]:
+    """Each tap's offset from its window's origin in an input of ``strides`` (channel, row,
+    column), in the layout's reduction order ((c, r, s) for NCHW, (r, s, c) for NHWC), then
+    the zero channel's origin pixel (channel C) up to a multiple of RED_ALIGN taps."""
+    sc, sh, sw = strides
+    if channels_last:
+        taps = [c * sc + r * dil * sh + s * dil * sw
+                for r in range(R) for s in range(S) for c in range(C)]
+    else:
+        taps = [c * sc + r * dil * sh + s * dil * sw
+                for c in range(C) for r in range(R) for s in range(S)]
+    return taps + [C * sc] * (_round_up(len(taps), RED_ALIGN) - len(taps))
+
+
+def _tap_table(g: Geometry, xp: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    key = (g.C, g.R, g.S, g.dil, xp.stride()[1:], channels_last, xp.device)
+    table = _TAPS.get(key)
+    if table is None:
+        if len(_TAPS) >= 64:
+            _TAPS.clear()
+        table = torch.tensor(tap_offsets(g.C, g.R, g.S, g.dil, xp.stride()[1:], channels_last),
+                             dtype=torch.int32, device=xp.device)
+        _TAPS[key] = table
+    return table
+
+
+def _padded_args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, g: Geometry,
+                 channels_last: bool, compiling: bool = False) -> tuple[Any, ...]:
+    """``_conv2d_padded_kernel``'s arguments: the padded input, the packed filter and the tap
+    table made (``compiling``: empty tensors of their shapes and dtypes, nothing launched)."""
+    if compiling:
+        xp = torch.empty(_padded_shape(x, g.pad), dtype=x.dtype, device=x.device)
+        packed = torch.empty((_round_up(g.K_RED, RED_ALIGN), g.K), dtype=w.dtype,
+                             device=w.device)
+        taps = torch.empty(packed.shape[0], dtype=torch.int32, device=x.device)
+    else:
+        xp = padded_input(x, g.pad)
+        packed = packed_filter(w, channels_last)
+        taps = _tap_table(g, xp, channels_last)
+    sn, _, sh, sw = xp.stride()
+    return (xp, packed, taps, out, g.M, g.K, g.P, g.Q, g.stride, sn, sh, sw, *out.stride())
+
+
 def _geometry_of(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,
                  dil: int) -> Geometry:
     (N, C, H, W), (K, _, R, S) = x.shape, w.shape
@@ -241,56 +495,101 @@ def _geometry_of(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,
 
 def _meta(g: Geometry, config: KernelConfig, channels_last: bool) -> dict[str, int]:
     """The config's constexprs, the filter's (C, R, S: the reduction's decomposition by
-    constants; each filter shape is a binary of its own) and the layout's."""
-    return {**config.meta, "C": g.C, "R": g.R, "S": g.S, "CHANNELS_LAST": int(channels_last)}
+    constants; each filter shape is a binary of its own) and the layout's; for ``PADDED=1``
+    the reduction's length (its taps come from a table)."""
+    meta = dict(config.meta)
+    if meta.pop("PADDED", 0):
+        return {**meta, "K_RED": g.K_RED}
+    meta.pop("NSPLIT", None)
+    return {**meta, "C": g.C, "R": g.R, "S": g.S, "CHANNELS_LAST": int(channels_last)}
 
 
 def _grid(g: Geometry, meta: Mapping[str, int]) -> tuple[int]:
-    return (triton.cdiv(g.M, meta["BLOCK_M"]) * triton.cdiv(g.K, meta["BLOCK_N"]),)
+    columns = meta["BLOCK_N"] * meta.get("NSPLIT", 1)
+    return (triton.cdiv(g.M, meta["BLOCK_M"]) * triton.cdiv(g.K, columns),)
+
+
+def _kernel_and_args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: int, pad: int,
+                     dil: int, config: KernelConfig, channels_last: bool, compiling: bool = False
+                     ) -> tuple[Any, tuple[Any, ...], dict[str, int], tuple[int]]:
+    g = _geometry_of(x, w, stride, pad, dil)
+    meta = _meta(g, config, channels_last)
+    if config.get("PADDED", 0):
+        why = g.padded_problem()
+        if why:
+            raise ValueError(why)
+        args = _padded_args(x, w, out, g, channels_last, compiling)
+        return _conv2d_padded_kernel, args, meta, _grid(g, meta)
+    return _conv2d_kernel, _args(x, w, out, g, channels_last), meta, _grid(g, meta)
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: int, pad: int, dil: int,
            config: KernelConfig, channels_last: bool) -> None:
     """out = conv2d(x, w, stride=stride, padding=pad, dilation=dil) with the given launch
     config; x (N, C, H, W), w (K, C, R, S), out (N, K, P, Q) in any strides, the filter in
-    the layout's memory format (contiguous for NCHW, channels-last for NHWC)."""
-    g = _geometry_of(x, w, stride, pad, dil)
-    meta = _meta(g, config, channels_last)
-    _conv2d_kernel[_grid(g, meta)](*_args(x, w, out, g, channels_last), **meta,
-                                   num_warps=config.num_warps, num_stages=config.num_stages)
+    the layout's memory format (contiguous for NCHW, channels-last for NHWC). With
+    ``PADDED=1`` the launch first writes the padded input (``padded_input``) and packs the
+    filter (once per filter tensor: ``packed_filter``)."""
+    kernel, args, meta, grid = _kernel_and_args(x, w, out, stride, pad, dil, config,
+                                                channels_last)
+    kernel[grid](*args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def compile_conv2d(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, stride: int, pad: int,
                    dil: int, config: KernelConfig, channels_last: bool) -> None:
-    """Compile (or load from Triton's disk cache) without launching."""
-    g = _geometry_of(x, w, stride, pad, dil)
-    meta = _meta(g, config, channels_last)
-    _conv2d_kernel.warmup(*_args(x, w, out, g, channels_last), **meta,
-                          num_warps=config.num_warps, num_stages=config.num_stages,
-                          grid=_grid(g, meta))
+    """Compile (or load from Triton's disk cache) without launching: with ``PADDED=1`` the
+    padding kernel too, on empty operands of the launch's shapes (nothing runs)."""
+    kernel, args, meta, grid = _kernel_and_args(x, w, out, stride, pad, dil, config,
+                                                channels_last, compiling=True)
+    if config.get("PADDED", 0):
+        pad_grid, pad_args, pad_meta = _pad_launch(x, args[0], pad)
+        _pad_kernel.warmup(*pad_args, **pad_meta, grid=pad_grid)
+    kernel.warmup(*args, **meta, num_warps=config.num_warps, num_stages=config.num_stages,
+                  grid=grid)
 
 
 # -- the search space ---------------------------------------------------------------------------
 
+def _columns(config: Mapping[str, int]) -> int:
+    """Output channels a program computes: NSPLIT tiles of BLOCK_N (one without NSPLIT)."""
+    return config["BLOCK_N"] * config.get("NSPLIT", 1)
+
+
 def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    # as a GEMM: each pipeline stage holds one gathered input tile and one filter tile
-    return tile_shared_memory(config["num_stages"], config["BLOCK_M"], config["BLOCK_N"],
+    # as a GEMM: each pipeline stage holds one gathered input tile and the filter tiles
+    return tile_shared_memory(config["num_stages"], config["BLOCK_M"], _columns(config),
                               config["BLOCK_K"], ctx)
 
 
 def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    """A thread's share of the accumulator and of the gathered input tile. Beside them it holds
-    each of its rows' window position and pointer for the whole loop (the gather computes
+    """A thread's share of the accumulators and of the gathered input tile. Beside them it
+    holds each of its rows' window position and pointer for the whole loop (the gather computes
     offsets per element: no copy engine), so this kernel spills long before matmul's limit:
     compiled for sm_90 (ptxas, AlexNet conv1 in fp16 and fp32, both gathers), every tile with
     128 accumulator registers a thread or 64 gathered elements spilled 1.6-4.7 KB of stack,
     and 128 x 128 x 16 with 8 warps (64 and 8) 16-624 B."""
     warps = 32 * config["num_warps"]
-    acc = config["BLOCK_M"] * config["BLOCK_N"] // warps
+    acc = config["BLOCK_M"] * _columns(config) // warps
     gathered = config["BLOCK_M"] * config["BLOCK_K"] // warps
     if acc >= 128 or gathered >= 64:
         return (f"a thread would hold {acc} accumulator registers and {gathered} gathered "
                 "input elements (128 or 64 spill: ptxas sm_90)")
+    return None
+
+
+def _variant(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """NSPLIT > 1 is PADDED=1's; PADDED=1's offsets into its padded input are int32; the last
+    of NSPLIT column tiles must hold an output channel."""
+    if "PADDED" not in config:
+        return None
+    g = Geometry.of(ctx.shape)
+    if config["NSPLIT"] > 1 and not config["PADDED"]:
+        return "NSPLIT > 1 needs PADDED=1 (the masked gather computes one column tile)"
+    if config["PADDED"] and g.padded_problem():
+        return g.padded_problem()
+    if (config["NSPLIT"] - 1) * config["BLOCK_N"] >= g.K:
+        return (f"NSPLIT={config['NSPLIT']} tiles of BLOCK_N={config['BLOCK_N']}: the last "
+                f"would start past the {g.K} output channels")
     return None
 
 
@@ -323,7 +622,26 @@ _KNOWN_GOOD_32 = [
     (64, 128, 16, 8, 1, 4, 2), (64, 64, 32, 8, 0, 4, 2), (32, 64, 32, 8, 0, 2, 3),
 ]
 _PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "GATHER_KM", "num_warps", "num_stages")
-
+#: NCHW's configs add (PADDED, NSPLIT). fp32 first: PADDED=1 tiles whose K loop, compiled for
+#: sm_90 (ptxas, AlexNet conv1), is 81-89% FFMA with no spill in it (the masked gather's best
+#: on the H200, 128 x 32 x 16 with 2 warps: 50%, 86 spill loads a K step), most with NSPLIT=3
+#: column tiles of 32 (AlexNet's 96 output channels from one gathered input tile, no padded
+#: columns; 64 x 32 x 3 with 4 warps takes 128 registers, 4 programs an SM, 128 x 32 x 3 255);
+#: then the masked gather's H200 best (1.588 ms) and its sm_90 known-good.
+_KNOWN_GOOD_NCHW_32: list[tuple[int, ...]] = [
+    (64, 32, 16, 8, 1, 4, 3, 1, 3), (128, 32, 16, 8, 1, 4, 3, 1, 3),
+    (64, 32, 16, 8, 1, 2, 3, 1, 3), (32, 32, 16, 8, 1, 2, 3, 1, 3),
+    (128, 32, 16, 8, 0, 2, 3, 1, 1), (256, 32, 16, 8, 1, 8, 3, 1, 3),
+    (128, 16, 16, 8, 1, 4, 3, 1, 3), (64, 32, 32, 8, 1, 4, 3, 1, 3),
+    (128, 64, 16, 8, 1, 8, 3, 1, 2), (64, 32, 16, 8, 1, 4, 3, 1, 1),
+    (128, 32, 16, 8, 0, 2, 3, 0, 1), *[(*c, 0, 1) for c in _KNOWN_GOOD_32],
+]
+#: 16-bit: the masked gather's tiles first, as before (the prior ranks them), then unmasked
+_KNOWN_GOOD_NCHW_16: list[tuple[int, ...]] = [
+    *[(*c, 0, 1) for c in _KNOWN_GOOD_16],
+    *[(*c, 1, 1) for c in _KNOWN_GOOD_16[:3]],
+]
+_PARAMS_NCHW = (*_PARAMS, "PADDED", "NSPLIT")
 
 class Conv2dKernel:
     """conv2d in one layout: ``nchw`` (torch's default) or ``nhwc`` (channels_last tensors)."""
@@ -366,31 +684,42 @@ class Conv2dKernel:
         return source_version(sys.modules[__name__], matmul_module)
 
     def space(self) -> SearchSpace:
-        return SearchSpace(
-            params=(
-                Param.pow2("BLOCK_M", 16, 256),
-                Param.pow2("BLOCK_N", 16, 256),
-                Param.pow2("BLOCK_K", 16, 128),
-                Param.ints("GROUP_M", (1, 8)),
-                Param.ints("GATHER_KM", (0, 1)),
-                Param.pow2("num_warps", 2, 8),
-                Param.ints("num_stages", (1, 2, 3, 4)),
-            ),
-            constraints=(_shared_memory, _registers, _redundant_tile),
-        )
+        params = [
+            Param.pow2("BLOCK_M", 16, 256),
+            Param.pow2("BLOCK_N", 16, 256),
+            Param.pow2("BLOCK_K", 16, 128),
+            Param.ints("GROUP_M", (1, 8)),
+            Param.ints("GATHER_KM", (0, 1)),
+            Param.pow2("num_warps", 2, 8),
+            Param.ints("num_stages", (1, 2, 3, 4)),
+        ]
+        if not self.channels_last:  # NHWC's space is as it was (its 16-bit tiles are met)
+            params += [Param.ints("PADDED", (0, 1)), Param.ints("NSPLIT", (1, 2, 3, 4))]
+        return SearchSpace(params=tuple(params),
+                           constraints=(_variant, _shared_memory, _registers, _redundant_tile))
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        known = _KNOWN_GOOD_32 if dtype == "float32" else _KNOWN_GOOD_16
-        return [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in known]
+        names: tuple[str, ...]
+        known: Sequence[tuple[int, ...]]
+        if self.channels_last:
+            names, known = _PARAMS, _KNOWN_GOOD_32 if dtype == "float32" else _KNOWN_GOOD_16
+        else:
+            names = _PARAMS_NCHW
+            known = _KNOWN_GOOD_NCHW_32 if dtype == "float32" else _KNOWN_GOOD_NCHW_16
+        return [KernelConfig(dict(zip(names, c, strict=True))) for c in known]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
-        """64 x 64 x 32 tiles, cut to small problems (never larger than the GEMM needs): runs
-        on every shape and dtype, on any GPU with >= 100 KB of shared memory."""
+        """64 x 64 x 32 tiles, cut to small problems (never larger than the GEMM needs), the
+        masked gather: runs on every shape and dtype, on any GPU with >= 100 KB of shared
+        memory."""
         g = Geometry.of(shape)
-        return KernelConfig(BLOCK_M=min(64, max(16, next_pow2(g.M))),
-                            BLOCK_N=min(64, max(16, next_pow2(g.K))),
-                            BLOCK_K=min(32, max(16, next_pow2(g.K_RED))), GROUP_M=8,
-                            GATHER_KM=0, num_warps=4, num_stages=2)
+        config = {"BLOCK_M": min(64, max(16, next_pow2(g.M))),
+                  "BLOCK_N": min(64, max(16, next_pow2(g.K))),
+                  "BLOCK_K": min(32, max(16, next_pow2(g.K_RED))), "GROUP_M": 8,
+                  "GATHER_KM": 0, "num_warps": 4, "num_stages": 2}
+        if not self.channels_last:
+            config |= {"PADDED": 0, "NSPLIT": 1}
+        return KernelConfig(config)
 
     def make_inputs(
         self, shape: Mapping[str, int], dtype: str, device: str, seed: int
@@ -477,9 +806,10 @@ class Conv2dKernel:
         N = output channels, K = filter taps): waves, occupancy, shared memory and L2 traffic
         per tile rank tile shapes as they do for a tensor-core GEMM (it does not see the
         gather; its top configs for AlexNet conv1 are the 128 x 128 x 16-32 tiles with 8 warps
-        that sm_90 compiles also favour). fp32: None; its IEEE products run on the CUDA cores,
-        which the model does not describe (it ranked the tiles with the densest FFMA loops
-        145th-745th of 2,420)."""
+        that sm_90 compiles also favour; a program's NSPLIT column tiles count as one tile
+        NSPLIT times as wide). fp32: None; its IEEE products run on the CUDA cores, which the
+        model does not describe (it ranked the tiles with the densest FFMA loops 145th-745th of
+        2,420)."""
         from tuner.strategies import cost_model  # imported here: measuring children never rank
 
         g = Geometry.of(ctx.shape)
@@ -487,6 +817,8 @@ class Conv2dKernel:
             return None
         gemm = ProblemContext({"M": g.M, "N": g.K, "K": g.K_RED}, ctx.dtype, ctx.smem_limit,
                               ctx.sm_count)
+        if config.get("NSPLIT", 1) > 1:
+            config = KernelConfig({**config, "BLOCK_N": _columns(config)})
         return cost_model.estimate(config, gemm)
 
 

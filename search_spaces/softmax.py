@@ -1,21 +1,38 @@
 """Row-wise softmax of an M x N matrix (``out[i] = softmax(x[i])``), fp32 math, any N.
 
 A row that fits one column block (``BLOCK_N >= N``) is read once: max, exp, sum and store from
-registers. A longer row is read twice: an online pass keeps a running max and sum per lane
-across column blocks, the lanes are combined, and a second pass writes ``exp(x - max) / sum``
-(the row is still in L2 when it is read again). Each program takes ``ROWS`` consecutive rows.
+registers (up to 65,536 columns on 32 warps). A longer row is read twice: an online first pass
+keeps one running max (a block's max, then one rescale of the per-lane sums) and the sums of
+exp(x - max), and a second pass writes ``exp(x - max) / sum``, last block first (those are the
+likeliest still in L2). Each program takes ``ROWS`` consecutive rows; on a persistent grid
+(``PROGRAMS_PER_SM`` > 0: that many programs an SM stride over the rows) the rows in flight,
+whose second read should come from L2, are capped at that many an SM.
+
+The column loops are pipelined when ``num_stages`` > 1 (``tl.range(num_stages=...)``: Triton
+pipelines a loop without a dot only when the loop asks; the kernel-wide num_stages does
+nothing there): ``num_stages - 1`` blocks of x are in flight in shared memory (cp.async) while
+one is computed. ``EVICT`` = 1 asks L2 to keep the first pass's lines (evict_last) and to let
+the second pass's go (evict_first), and stores out streaming (``.cs``).
+
+Arithmetic per element is kept small (the kernel was issue-bound, not memory-bound: ~33 SASS
+instructions an element before): exp is ``exp2(fma(x, log2 e, -c))`` with ``c`` the row's
+max scaled by log2 e (``tl.exp2`` of fp32 is one ``ex2.approx.ftz`` instruction; ``tl.exp``
+adds a range check and two predicated multiplies), one reciprocal a row instead of a divide
+an element, and whole blocks are loaded without masks (only a span's last partial block is
+masked). Every exp of a row subtracts the same ``c``, so its rounding cancels in the
+normalisation (large magnitudes stay accurate).
 
 Split rows (``SPLIT > 1``): a long row on few programs leaves SMs idle (16 rows of 131,072: 16
 programs on 132 SMs). Then ``SPLIT`` programs share a row, each a chunk of it: a first kernel
-writes each chunk's max and sum (of ``exp(x - chunk max)``) to a small fp32 workspace, a second
-combines the row's partials in a fixed order (deterministic) and writes its chunk (read again,
-from L2 when the matrix fits there).
+writes each chunk's scaled max and sum to a small fp32 workspace, a second combines the row's
+partials in a fixed order (deterministic) and writes its chunk (read again, from L2 when the
+matrix fits there).
 
 Rows whose length is not a multiple of 16 bytes (50,257 columns) start at unaligned addresses:
 a block that starts at the row's first element cannot be loaded 16 bytes at a time. Every
 span of a row is therefore cut where the addresses are aligned: a body of whole 16-byte groups,
-loaded and stored in blocks of ``BLOCK_N`` whose masks keep the groups whole (so the compiler
-vectorises them), and its two ends (fewer than 16 bytes each) as one small masked tensor.
+loaded and stored in blocks of ``BLOCK_N`` (so the compiler vectorises them), and its two ends
+(fewer than 16 bytes each) as one small masked tensor.
 Same three layers as ``matmul``: the ``@triton.jit`` kernels -> ``softmax`` (the launcher) ->
 ``SoftmaxKernel`` (the TunableKernel).
 """
@@ -31,15 +48,27 @@ import torch
 import triton
 import triton.language as tl
 
-from search_spaces.vector_add import streaming_seconds
+from search_spaces.vector_add import (
+    BYTES_IN_FLIGHT_PER_SM,
+    COPY_BANDWIDTH,
+    LAUNCH_S,
+    NEXT_LAUNCH_S,
+    PROGRAM_S,
+    sm_count,
+)
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
-#: stands in for -inf in the online pass: exp(NEG - m) is 0 for any real max m, and
-#: NEG - NEG is 0, not the NaN that -inf - -inf would give on lanes past the row's end
+#: stands in for -inf as the running max before any element: exp(NEG - m) is 0 for any real
+#: max m, and NEG - NEG is 0, not the NaN that -inf - -inf would give
 NEG = tl.constexpr(-1.0e30)
+#: what a masked-off lane loads: its exp is 0 against any finite max (never NaN: the running
+#: max starts at NEG, so it is always finite)
+NEG_INF = tl.constexpr(float("-inf"))
+#: exp(d) = exp2(d * LOG2E); maxes are kept scaled by it (``c = max * LOG2E``)
+LOG2E = tl.constexpr(1.4426950408889634)
 #: a split row's chunks are a multiple of this many columns (whole 16-byte groups of an
 #: aligned row)
 CHUNK_ALIGN = 16
@@ -63,81 +92,159 @@ def _span(lo, hi, VEC: tl.constexpr):
 
 
 @triton.jit
-def _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N: tl.constexpr):
-    """The max and the sum of exp(x - max) over a span (body in blocks, online; then its
-    ends). An empty span gives (NEG, a finite sum) that any real max weighs by 0."""
-    cols = tl.arange(0, BLOCK_N)
-    m = tl.full([BLOCK_N], NEG, tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, hi_al - lo_al, BLOCK_N):
-        offs = lo_al + start + cols
-        mask = offs < hi_al
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_last")
-        x = tl.where(mask, x.to(tl.float32), NEG)
-        m_new = tl.maximum(m, x)
-        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
-    e = tl.load(x_ptr + ends, mask=ends_mask, other=0.0).to(tl.float32)
-    e = tl.where(ends_mask, e, NEG)
-    span_max = tl.maximum(tl.max(m, 0), tl.max(e, 0))
-    total = tl.sum(s * tl.exp(m - span_max), 0) + tl.sum(
-        tl.where(ends_mask, tl.exp(e - span_max), 0.0), 0)
-    return span_max, total
+def _load(ptrs, mask, MASKED: tl.constexpr, KEEP: tl.constexpr, EVICT: tl.constexpr):
+    """x at ``ptrs`` (-inf where a MASKED load's mask is off). EVICT: a first read asks L2 to
+    keep the lines for the second (KEEP), the second read lets them go first."""
+    if MASKED:
+        if EVICT:
+            if KEEP:
+                x = tl.load(ptrs, mask=mask, other=NEG_INF, eviction_policy="evict_last")
+            else:
+                x = tl.load(ptrs, mask=mask, other=NEG_INF, eviction_policy="evict_first")
+        else:
+            x = tl.load(ptrs, mask=mask, other=NEG_INF)
+    else:
+        if EVICT:
+            if KEEP:
+                x = tl.load(ptrs, eviction_policy="evict_last")
+            else:
+                x = tl.load(ptrs, eviction_policy="evict_first")
+        else:
+            x = tl.load(ptrs)
+    return x
 
 
 @triton.jit
-def _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_max, total,
-                BLOCK_N: tl.constexpr):
-    """out = exp(x - row_max) / total over a span, x read again: last block first (the
-    blocks ``_span_stats`` read last are the likeliest still in L2, which its loads asked to
-    keep them in), out stored streaming (evict first) so that it does not push x out."""
+def _store(ptrs, y, mask, MASKED: tl.constexpr, EVICT: tl.constexpr):
+    """out at ``ptrs``; EVICT: streaming (``.cs``), so that it does not push x out of L2."""
+    y = y.to(ptrs.dtype.element_ty)
+    if MASKED:
+        if EVICT:
+            tl.store(ptrs, y, mask=mask, cache_modifier=".cs")
+        else:
+            tl.store(ptrs, y, mask=mask)
+    else:
+        if EVICT:
+            tl.store(ptrs, y, cache_modifier=".cs")
+        else:
+            tl.store(ptrs, y)
+
+
+@triton.jit
+def _exp_from(x, c):
+    """exp(x - m) for the max m whose scaled value is ``c`` (= m * log2 e rounded): one fma
+    and one exp2 of fp32 (``ex2.approx.ftz.f32``, a single MUFU instruction; tl.exp adds a
+    range check and two predicated multiplies). Every exp of a row subtracts the same ``c``,
+    so the rounding of ``c`` is a common factor that the division by the sum cancels."""
+    return tl.exp2(tl.fma(x, LOG2E, -c))
+
+
+@triton.jit
+def _online(c, s, x):
+    """One block into the running scaled max ``c`` (a scalar) and the per-lane sums ``s`` of
+    exp(x - max): the block's max, one rescale of s, one exp per element."""
+    c_new = tl.maximum(c, tl.max(x, 0) * LOG2E)
+    return c_new, s * tl.exp2(c - c_new) + _exp_from(x, c_new)
+
+
+@triton.jit
+def _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N: tl.constexpr,
+                STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """The scaled max (max * log2 e) and the sum of exp(x - max) over a span: its whole
+    blocks unmasked, in a column loop pipelined over STAGES, then its last partial block
+    masked, then its ends. An empty span gives (NEG * log2 e, 0)."""
     cols = tl.arange(0, BLOCK_N)
-    blocks = tl.cdiv(hi_al - lo_al, BLOCK_N)
-    for i in range(0, blocks):
-        offs = lo_al + (blocks - 1 - i) * BLOCK_N + cols
+    c = tl.full([], NEG * LOG2E, tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    body = hi_al - lo_al
+    full = body // BLOCK_N * BLOCK_N
+    for start in tl.range(0, full, BLOCK_N, num_stages=STAGES):
+        x = _load(x_ptr + (lo_al + start + cols), None, False, True, EVICT)
+        c, s = _online(c, s, x.to(tl.float32))
+    if full < body:
+        offs = lo_al + full + cols
+        x = _load(x_ptr + offs, offs < hi_al, True, True, EVICT)
+        c, s = _online(c, s, x.to(tl.float32))
+    e = tl.load(x_ptr + ends, mask=ends_mask, other=NEG_INF).to(tl.float32)
+    span_c = tl.maximum(c, tl.max(e, 0) * LOG2E)
+    total = tl.sum(s, 0) * tl.exp2(c - span_c) + tl.sum(_exp_from(e, span_c), 0)
+    return span_c, total
+
+
+@triton.jit
+def _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_c, total,
+                BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """out = exp(x - max) / total over a span (``row_c``: the row's scaled max), x read
+    again last block first (the blocks ``_span_stats`` read last are the likeliest still in
+    L2): the partial block masked, then the whole blocks unmasked in a pipelined loop; one
+    reciprocal a span and a multiply per element."""
+    cols = tl.arange(0, BLOCK_N)
+    inv = 1.0 / total
+    body = hi_al - lo_al
+    full = body // BLOCK_N * BLOCK_N
+    if full < body:
+        offs = lo_al + full + cols
         mask = offs < hi_al
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
-        y = tl.exp(x.to(tl.float32) - row_max) / total
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask,
-                 cache_modifier=".cs")
-    e = tl.load(x_ptr + ends, mask=ends_mask, other=0.0).to(tl.float32)
-    y = tl.exp(e - row_max) / total
-    tl.store(out_ptr + ends, y.to(out_ptr.dtype.element_ty), mask=ends_mask)
+        x = _load(x_ptr + offs, mask, True, False, EVICT).to(tl.float32)
+        _store(out_ptr + offs, _exp_from(x, row_c) * inv, mask, True, EVICT)
+    for i in tl.range(0, full // BLOCK_N, num_stages=STAGES):
+        offs = lo_al + (full - BLOCK_N - i * BLOCK_N) + cols
+        x = _load(x_ptr + offs, None, False, False, EVICT).to(tl.float32)
+        _store(out_ptr + offs, _exp_from(x, row_c) * inv, None, False, EVICT)
+    e = tl.load(x_ptr + ends, mask=ends_mask, other=NEG_INF).to(tl.float32)
+    tl.store(out_ptr + ends, (_exp_from(e, row_c) * inv).to(out_ptr.dtype.element_ty),
+             mask=ends_mask)
 
 
 @triton.jit
 def _span_one_pass(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N: tl.constexpr):
-    """softmax of a whole row whose body fits one block: read once, written from registers."""
+    """softmax of a whole row whose body fits one block: read once (held in the input's
+    dtype), written from registers."""
     offs = lo_al + tl.arange(0, BLOCK_N)
     mask = offs < hi_al
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    x = tl.where(mask, x, NEG)
-    e = tl.load(x_ptr + ends, mask=ends_mask, other=0.0).to(tl.float32)
-    e = tl.where(ends_mask, e, NEG)
-    row_max = tl.maximum(tl.max(x, 0), tl.max(e, 0))
-    num = tl.where(mask, tl.exp(x - row_max), 0.0)
-    num_e = tl.where(ends_mask, tl.exp(e - row_max), 0.0)
-    total = tl.sum(num, 0) + tl.sum(num_e, 0)
-    tl.store(out_ptr + offs, (num / total).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + ends, (num_e / total).to(out_ptr.dtype.element_ty), mask=ends_mask)
+    x = tl.load(x_ptr + offs, mask=mask, other=NEG_INF)
+    e = tl.load(x_ptr + ends, mask=ends_mask, other=NEG_INF)
+    row_c = tl.maximum(tl.max(x.to(tl.float32), 0), tl.max(e.to(tl.float32), 0)) * LOG2E
+    num = _exp_from(x.to(tl.float32), row_c)
+    num_e = _exp_from(e.to(tl.float32), row_c)
+    inv = 1.0 / (tl.sum(num, 0) + tl.sum(num_e, 0))
+    tl.store(out_ptr + offs, (num * inv).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + ends, (num_e * inv).to(out_ptr.dtype.element_ty), mask=ends_mask)
+
+
+@triton.jit
+def _row(x_ptr, out_ptr, row, N, stride, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+         VEC: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """softmax of one whole row."""
+    lo = tl.cast(row, tl.int64) * stride
+    lo_al, hi_al, ends, ends_mask = _span(lo, lo + N, VEC)
+    if ONE_PASS:
+        _span_one_pass(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N)
+    else:
+        row_c, total = _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N, STAGES,
+                                   EVICT)
+        _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_c, total, BLOCK_N,
+                    STAGES, EVICT)
 
 
 @triton.jit
 def _softmax_kernel(x_ptr, out_ptr, M, N, stride, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                    ONE_PASS: tl.constexpr, VEC: tl.constexpr):
-    """One program per ROWS whole rows (SPLIT = 1)."""
+                    ONE_PASS: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr,
+                    EVICT: tl.constexpr, PERSISTENT: tl.constexpr):
+    """Whole rows (SPLIT = 1): a program takes ROWS consecutive rows; on a persistent grid
+    (PERSISTENT) it then strides over the matrix by the grid's ROWS-row groups."""
     pid = tl.program_id(0)
-    for r in range(ROWS):
-        row = pid * ROWS + r
-        if row < M:
-            lo = row.to(tl.int64) * stride
-            lo_al, hi_al, ends, ends_mask = _span(lo, lo + N, VEC)
-            if ONE_PASS:
-                _span_one_pass(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N)
-            else:
-                row_max, total = _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N)
-                _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_max, total,
-                            BLOCK_N)
+    if PERSISTENT:
+        for first in range(pid * ROWS, M, tl.num_programs(0) * ROWS):
+            for r in range(ROWS):
+                if first + r < M:
+                    _row(x_ptr, out_ptr, first + r, N, stride, BLOCK_N, ONE_PASS, VEC, STAGES,
+                         EVICT)
+    else:
+        for r in range(ROWS):
+            if pid * ROWS + r < M:
+                _row(x_ptr, out_ptr, pid * ROWS + r, N, stride, BLOCK_N, ONE_PASS, VEC, STAGES,
+                     EVICT)
 
 
 @triton.jit
@@ -155,27 +262,30 @@ def _chunk(N, stride, CHUNK, SPLIT: tl.constexpr, VEC: tl.constexpr):
 @triton.jit
 def _softmax_partials_kernel(x_ptr, part_max_ptr, part_sum_ptr, N, stride, CHUNK,
                              BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                             VEC: tl.constexpr):
-    """Split rows, first kernel: each chunk's max and sum of exp(x - max)."""
+                             VEC: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """Split rows, first kernel: each chunk's scaled max and sum of exp(x - max)."""
     row, lo_al, hi_al, ends, ends_mask = _chunk(N, stride, CHUNK, SPLIT, VEC)
-    chunk_max, total = _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N)
+    chunk_c, total = _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N, STAGES,
+                                 EVICT)
     pid = tl.program_id(0)
-    tl.store(part_max_ptr + pid, chunk_max)
+    tl.store(part_max_ptr + pid, chunk_c)
     tl.store(part_sum_ptr + pid, total)
 
 
 @triton.jit
 def _softmax_split_write_kernel(x_ptr, out_ptr, part_max_ptr, part_sum_ptr, N, stride, CHUNK,
                                 BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                                VEC: tl.constexpr):
+                                VEC: tl.constexpr, STAGES: tl.constexpr,
+                                EVICT: tl.constexpr):
     """Split rows, second kernel: combine the row's partials (every chunk's program combines
     them alike, in one order), then write this chunk."""
     row, lo_al, hi_al, ends, ends_mask = _chunk(N, stride, CHUNK, SPLIT, VEC)
     parts = row * SPLIT + tl.arange(0, SPLIT)
-    maxes = tl.load(part_max_ptr + parts)
-    row_max = tl.max(maxes, 0)
-    total = tl.sum(tl.load(part_sum_ptr + parts) * tl.exp(maxes - row_max), 0)
-    _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_max, total, BLOCK_N)
+    scaled = tl.load(part_max_ptr + parts)
+    row_c = tl.max(scaled, 0)
+    total = tl.sum(tl.load(part_sum_ptr + parts) * tl.exp2(scaled - row_c), 0)
+    _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_c, total, BLOCK_N, STAGES,
+                EVICT)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -204,11 +314,17 @@ def _run(x: torch.Tensor, out: torch.Tensor, config: KernelConfig, warmup: bool)
     M, N = x.shape
     opts: dict[str, Any] = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     block, split, vec = config["BLOCK_N"], _split_of(config), _vec(x)
+    # the column loops' pipelining depth (a loop without a dot is pipelined only when asked)
+    common = {"BLOCK_N": block, "VEC": vec, "STAGES": config.num_stages,
+              "EVICT": _evict_of(config)}
     if split == 1:
-        grid = (triton.cdiv(M, config["ROWS"]),)
+        groups = triton.cdiv(M, config["ROWS"])
+        per_sm = _per_sm_of(config)
+        programs = min(groups, per_sm * sm_count(x.device)) if per_sm else groups
+        grid = (max(1, programs),)
         args = (x, out, M, N, x.stride(0))
-        meta = {"BLOCK_N": block, "ROWS": config["ROWS"], "ONE_PASS": int(block >= N),
-                "VEC": vec}
+        meta = {**common, "ROWS": config["ROWS"], "ONE_PASS": int(block >= N),
+                "PERSISTENT": int(per_sm > 0)}
         if warmup:
             _softmax_kernel.warmup(*args, **meta, **opts, grid=grid)
         else:
@@ -217,7 +333,7 @@ def _run(x: torch.Tensor, out: torch.Tensor, config: KernelConfig, warmup: bool)
     chunk = split_chunk(N, split)
     part_max = torch.empty(M * split, device=x.device, dtype=torch.float32)
     part_sum = torch.empty_like(part_max)
-    meta = {"BLOCK_N": block, "SPLIT": split, "VEC": vec}
+    meta = {**common, "SPLIT": split}
     first = (x, part_max, part_sum, N, x.stride(0), chunk)
     second = (x, out, part_max, part_sum, N, x.stride(0), chunk)
     if warmup:
@@ -230,7 +346,8 @@ def _run(x: torch.Tensor, out: torch.Tensor, config: KernelConfig, warmup: bool)
 
 def softmax(x: torch.Tensor, out: torch.Tensor, config: KernelConfig) -> None:
     """out = softmax(x, dim=-1) with the given launch config (rows contiguous, x and out of
-    one row stride). A config without SPLIT runs one program per ROWS rows."""
+    one row stride). A config without SPLIT, EVICT or PROGRAMS_PER_SM (from before those
+    parameters) runs one program per ROWS rows with the cache hints."""
     _run(x, out, config, warmup=False)
 
 
@@ -244,10 +361,27 @@ def _split_of(config: KernelConfig) -> int:
     return config.get("SPLIT", 1)
 
 
+def _evict_of(config: KernelConfig) -> int:
+    """The config's EVICT; 1 (the hints every config had) for one from before the parameter."""
+    return config.get("EVICT", 1)
+
+
+def _per_sm_of(config: KernelConfig) -> int:
+    """The config's PROGRAMS_PER_SM; 0 (a program per ROWS rows) for one from before it."""
+    return config.get("PROGRAMS_PER_SM", 0)
+
+
+def _two_pass(config: KernelConfig, ctx: ProblemContext) -> bool:
+    """Whether the config reads x twice: split rows always do (two kernels), whole rows when
+    a row is wider than one column block."""
+    return _split_of(config) > 1 or config["BLOCK_N"] < ctx.shape["N"]
+
+
 def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
     """No column block wider than a program's span needs (its row, or its chunk of a split
-    row), no more rows per program than there are, and pipelining stages only where there
-    is a loop (two passes or several rows): else configs differ in nothing they run."""
+    row), no more rows per program than there are; pipelining stages only where there is a
+    column loop (a span wider than a block), and cache hints only where x is read twice:
+    else configs differ in nothing they run."""
     split = _split_of(config)
     span = split_chunk(ctx.shape["N"], split)
     cap = max(64, next_pow2(span))
@@ -256,72 +390,164 @@ def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
         return f"BLOCK_N={config['BLOCK_N']} is wider than {what} needs ({cap})"
     if config["ROWS"] > 1 and config["ROWS"] > ctx.shape["M"]:
         return f"ROWS={config['ROWS']} is more than M={ctx.shape['M']}"
-    looped = config["BLOCK_N"] < span or config["ROWS"] > 1
-    if not looped and config["num_stages"] != 1:
-        return "num_stages only pipelines a loop (two passes or several rows)"
+    if config["BLOCK_N"] >= span and config["num_stages"] != 1:
+        return "num_stages only pipelines a column loop (a span wider than BLOCK_N)"
+    if not _two_pass(config, ctx) and config.get("EVICT"):  # (a config without it: not set)
+        return "EVICT only steers a second read of x (one pass reads it once)"
     return None
 
 
 def _split(config: KernelConfig, ctx: ProblemContext) -> str | None:
     """Split rows only where every chunk has at least ``MIN_SPLIT_CHUNK`` columns (each
-    split gets at least a block's worth) and one row per program (ROWS is for short rows)."""
+    split gets at least a block's worth), one row per program (ROWS is for short rows) and
+    the plain grid (the split kernels have no persistent loop)."""
     split, n = _split_of(config), ctx.shape["N"]
     if split == 1:
         return None
     if config["ROWS"] != 1:
         return "a split row takes one row per program (ROWS=1)"
+    if _per_sm_of(config):
+        return "split rows run on the plain grid (PROGRAMS_PER_SM=0)"
     if _cdiv(n, split) < MIN_SPLIT_CHUNK:
         return (f"SPLIT={split} leaves chunks of {_cdiv(n, split)} columns (under "
                 f"{MIN_SPLIT_CHUNK})")
     return None
 
 
+def _persistent(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """A persistent grid only where there are more row groups than its programs (else it is
+    the plain grid again)."""
+    per_sm = _per_sm_of(config)
+    groups = _cdiv(ctx.shape["M"], config["ROWS"])
+    if per_sm and groups <= per_sm * ctx.sm_count:
+        return (f"{groups} row groups fit a grid of {per_sm} x {ctx.sm_count} SMs: the "
+                "persistent grid would be the plain one")
+    return None
+
+
 def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
     """A thread holds BLOCK_N / (32 * num_warps) fp32 values of each live block array (the
-    running max and sum, then x): more than 64 each spills."""
+    running sums, then x): more than 64 each spills."""
     per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
     if per_thread > 64:
         return f"each thread would hold {per_thread} values per block array (over 64)"
     return None
 
 
+def _pipeline_smem(config: KernelConfig, ctx: ProblemContext) -> int:
+    """Shared memory of the pipelined column loops: num_stages - 1 blocks of x in flight
+    (ptxas-checked: the two passes' buffers are one allocation), plus the reductions'."""
+    stages = config["num_stages"] if config["BLOCK_N"] < split_chunk(
+        ctx.shape["N"], _split_of(config)) else 1
+    return (stages - 1) * config["BLOCK_N"] * ctx.elem_bytes + 1024
+
+
+def _smem(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """The pipelined loop's blocks must fit in shared memory."""
+    need = _pipeline_smem(config, ctx)
+    if need > ctx.smem_limit:
+        return f"{config['num_stages']} stages of {config['BLOCK_N']} columns need {need} " \
+               f"bytes of shared memory (over {ctx.smem_limit})"
+    return None
+
+
 #: the part of a re-read that still costs HBM bandwidth when the data is in L2
 L2_REREAD = 0.3
-#: L2 an H200 keeps for one kernel's re-reads (of its 50 MB, two partitions)
+#: L2 an H200 keeps for one kernel's re-reads (of its 50 MB, two partitions); EVICT's hints
+#: (x kept for its second read, out streamed past L2) are guessed to keep this much more
 L2_BYTES = 30e6
+EVICT_L2_GAIN = 1.3
+#: thread instructions a second that this kernel's loops sustain on an H200 (132 SMs): the
+#: two-pass kernel before the exp2/one-max rewrite ran ~33 SASS instructions an element and
+#: took 0.84-0.88 ms on 8192 x 50257 (4.1e8 elements) at every block size, warp count and
+#: occupancy of its 405-config table (tests/data/replay/nongemm): bound by issue, not HBM
+ISSUE_RATE = 1.6e13
+#: the part of the smaller of memory and arithmetic time that one program an SM adds to the
+#: larger: it loads, then computes (other SMs' loads fill HBM meanwhile); a guess
+LONE_PROGRAM = 0.3
+
+
+def _reread(working_set: float, evict: int) -> float:
+    """The part of a second read of x that costs HBM bandwidth: ``L2_REREAD`` while the
+    rows in flight fit in L2, growing to a whole re-read as they outgrow it."""
+    l2 = L2_BYTES * (EVICT_L2_GAIN if evict else 1.0)
+    if working_set <= l2:
+        return L2_REREAD
+    return L2_REREAD + (1.0 - L2_REREAD) * (1.0 - l2 / working_set)
+
+
+def _instructions(config: KernelConfig, ctx: ProblemContext, per_thread: int) -> float:
+    """SASS instructions an element (counted from sm_90 builds of 8192 x 50257 bf16): two
+    passes ~12 plus the loops' fixed cost spread over a thread's elements, ~1.5 more when
+    pipelined (shared-memory reads); one pass ~9 plus its reductions' fixed cost."""
+    if _two_pass(config, ctx):
+        return 12.0 + 40.0 / per_thread + (1.5 if config["num_stages"] > 1 else 0.0)
+    return 9.0 + 40.0 / per_thread
 
 
 def estimated_seconds(config: KernelConfig, ctx: ProblemContext) -> float:
-    """``streaming_seconds`` of the variant the config runs: one pass moves x and out once;
-    two passes read each row again (from L2 while the resident programs' rows fit there);
-    split rows add a launch, and the second kernel reads x again (from L2 when it fits)."""
+    """A streaming model of the variant the config runs, for ranking only: HBM bytes (x and
+    out once; a second read of x, from L2 while the rows in flight fit there) over the copy
+    bandwidth, slowed where the programs resident on an SM (by warps, registers and the
+    pipeline's shared memory; a persistent grid's few) keep too little in flight (a block,
+    half a block in an unpipelined column loop, num_stages - 1 blocks in a pipelined one);
+    and the instructions an element at ``ISSUE_RATE``. The larger of the two counts, plus
+    part of the smaller where one program an SM leaves nothing to overlap its loads with its
+    arithmetic; then launches and wave tails."""
     m, n, elem = ctx.shape["M"], ctx.shape["N"], ctx.elem_bytes
     split, block, warps = _split_of(config), config["BLOCK_N"], config["num_warps"]
+    sms, per_sm, evict = max(1, ctx.sm_count), _per_sm_of(config), _evict_of(config)
     span = split_chunk(n, split)
-    one_pass = block >= span
+    two_pass = _two_pass(config, ctx)
+    pipelined = block < span and config["num_stages"] > 1
     per_thread = max(1, block // (32 * warps))
-    registers = int(24 + per_thread * (2 if one_pass else 3.5))
-    resident = max(1, min(64 // warps, 65536 // (32 * warps * registers)))
+    registers = 24 + per_thread * (2.25 if two_pass else 2.0)
+    resident = max(1, min(32, 64 // warps, int(65536 // (32 * warps * registers))))
+    resident = max(1, min(resident, ctx.smem_limit // _pipeline_smem(config, ctx)))
     matrix = m * n * elem
     if split == 1:
-        programs = _cdiv(m, config["ROWS"])
-        in_l2 = ctx.sm_count * resident * n * elem < L2_BYTES
-        reread = 0.0 if one_pass else (L2_REREAD if in_l2 else 1.0)
+        groups = _cdiv(m, config["ROWS"])
+        programs = min(groups, per_sm * sms) if per_sm else groups
+        live = min(resident, _cdiv(programs, sms))
+        reread = _reread(live * sms * n * elem, evict) if two_pass else 0.0
         launches = 1
     else:
         programs = m * split
-        reread = L2_REREAD if matrix < L2_BYTES else 1.0
+        live = min(resident, _cdiv(programs, sms))
+        reread = _reread(matrix, evict)
         launches = 2
-    in_flight = min(block, span) * elem * (config["ROWS"] ** 0.5 if one_pass else 1.0)
-    return streaming_seconds(ctx, (2 + reread) * matrix, programs, warps, in_flight,
-                             launches=launches, registers=registers)
+    in_flight: float
+    if pipelined:
+        in_flight = (config["num_stages"] - 1) * block * elem
+    elif block < span:  # a column loop that loads a block only once the last one is used
+        in_flight = 0.5 * block * elem
+    else:
+        in_flight = min(block, span) * elem * (config["ROWS"] ** 0.5 if not two_pass else 1.0)
+    efficiency = min(1.0, live * in_flight / BYTES_IN_FLIGHT_PER_SM)
+    waves = programs / (sms * resident)
+    quantised = 1.0 if per_sm or waves > 4 else math.ceil(waves) / waves
+    memory = (2 + reread) * matrix / (COPY_BANDWIDTH * efficiency) * quantised
+    compute = m * n * _instructions(config, ctx, per_thread) / ISSUE_RATE * quantised
+    overlap = max(memory, compute) + (LONE_PROGRAM * min(memory, compute) if live == 1 else 0.0)
+    return LAUNCH_S + NEXT_LAUNCH_S * (launches - 1) + overlap + PROGRAM_S * programs / sms
+
+
+def _config(block: int, span: int, rows: int = 1, split: int = 1, warps: int = 4,
+            stages: int = 1, per_sm: int = 0, evict: int = 1) -> KernelConfig:
+    """A config with what its variant does not use set as the space requires: one block a
+    span pipelines nothing (num_stages 1) and, for whole rows, reads x once (EVICT 0)."""
+    looped = block < span
+    return KernelConfig(BLOCK_N=block, ROWS=rows, SPLIT=split, PROGRAMS_PER_SM=per_sm,
+                        EVICT=evict if looped or split > 1 else 0, num_warps=warps,
+                        num_stages=stages if looped else 1)
 
 
 class SoftmaxKernel:
     name = "softmax"
     ref = "search_spaces.softmax:KERNEL"
     description = ("row-wise softmax of an M x N matrix, fp32 math, online two-pass for long "
-                   "rows, split rows (several programs a row) for few long rows")
+                   "rows (pipelined column loops, L2 cache hints, persistent grid), split rows "
+                   "(several programs a row) for few long rows")
     dims = (Dim("M", 1, 1 << 20, "rows"), Dim("N", 1, 1 << 18, "columns (the softmax axis)"))
     dtypes = ("float16", "bfloat16", "float32")
     interpreter_unsupported_dtypes: tuple[str, ...] = ()
@@ -335,45 +561,61 @@ class SoftmaxKernel:
     def space(self) -> SearchSpace:
         return SearchSpace(
             params=(
-                Param.pow2("BLOCK_N", 64, 16384),
+                Param.pow2("BLOCK_N", 64, 65536),
                 Param.ints("ROWS", (1, 2, 4)),
                 Param.pow2("SPLIT", 1, 64),
-                Param.pow2("num_warps", 1, 16),
-                Param.ints("num_stages", (1, 2, 3)),
+                Param.ints("PROGRAMS_PER_SM", (0, 1, 2, 4)),
+                Param.ints("EVICT", (0, 1)),
+                Param.pow2("num_warps", 1, 32),
+                Param.ints("num_stages", (1, 2, 3, 4)),
             ),
-            constraints=(_redundant_block, _split, _registers),
+            constraints=(_redundant_block, _split, _registers, _persistent, _smem),
         )
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """One row per program, the row in one block up to 4,096 columns (the Triton
-        tutorial's warps for that width); two stages for the two-pass loop."""
+        tutorial's warps for that width); a longer row in blocks of 4,096, two ahead in
+        flight (three stages), with the cache hints."""
         n = shape.get("N", 1024)
         block = min(4096, max(64, next_pow2(n)))
         warps = 4 if block <= 1024 else 8
-        return KernelConfig(BLOCK_N=block, ROWS=1, SPLIT=1, num_warps=warps,
-                            num_stages=1 if block >= n else 2)
+        return _config(block, n, warps=warps, stages=3)
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        """Whole rows in blocks of 1,024 to 16,384 columns; for long rows on few programs
-        (under two per SM), split rows with one-block chunks; several short rows a
-        program. Only configs the space allows."""
+        """Whole rows in blocks of 1,024 to 16,384 columns; a long row pipelined (16 to 32
+        values a thread, 16-48 KB in flight a program; also on a persistent grid of two
+        programs an SM, whose rows in flight fit in L2) or, up to 65,536 columns, in one
+        block of 32 warps; for long rows on few programs (under two per SM), split rows with
+        one-block or pipelined chunks; several short rows a program. Only configs the space
+        allows."""
         m, n = shape.get("M", 1), shape.get("N", 1024)
         width = max(64, next_pow2(n))
         configs = [self.default_config(shape, dtype)]
-        for block in sorted({min(width, b) for b in (16384, 8192, 2048, 1024)}, reverse=True):
-            for warps in (4, 8, 16):
-                for stages in (1, 2):
-                    configs.append(KernelConfig(BLOCK_N=block, ROWS=1, SPLIT=1,
-                                                num_warps=warps, num_stages=stages))
+        if width > 16384:  # long rows: pipelined two passes, or one block of 32 warps
+            configs += [_config(b, n, warps=w, stages=st, per_sm=p, evict=e)
+                        for b, w, st, p, e in ((8192, 16, 3, 0, 1), (4096, 8, 3, 0, 1),
+                                               (16384, 16, 2, 0, 1), (8192, 8, 3, 0, 1),
+                                               (4096, 4, 4, 2, 1), (4096, 8, 3, 2, 1),
+                                               (2048, 4, 4, 2, 1), (8192, 16, 3, 0, 0),
+                                               (16384, 16, 1, 0, 1), (2048, 16, 1, 0, 1))]
+            configs += [_config(width, n, warps=32)]
+        else:
+            for block in sorted({min(width, b) for b in (16384, 8192, 2048, 1024)},
+                                reverse=True):
+                for warps in (4, 8, 16):
+                    for stages in (1, 3):
+                        configs.append(_config(block, n, warps=warps, stages=stages))
         if m < 2 * 132:
             for split in (4, 8, 16, 32, 64):
-                block = min(16384, max(64, next_pow2(split_chunk(n, split))))
+                chunk = split_chunk(n, split)
+                block = min(16384, max(64, next_pow2(chunk)))
                 for warps in (4, 8, 16):
-                    configs.append(KernelConfig(BLOCK_N=block, ROWS=1, SPLIT=split,
-                                                num_warps=warps, num_stages=1))
+                    configs.append(_config(block, chunk, split=split, warps=warps))
+                if block >= 4096:  # a long chunk: four blocks, pipelined
+                    configs.append(_config(block // 4, chunk, split=split, warps=4,
+                                           stages=3))
         if width <= 1024:  # short rows: several per program
-            configs += [KernelConfig(BLOCK_N=width, ROWS=rows, SPLIT=1, num_warps=w,
-                                     num_stages=2)
+            configs += [_config(width, n, rows=rows, warps=w)
                         for rows in (2, 4) for w in (1, 2, 4)]
         ctx, space = ProblemContext(shape, dtype), self.space()
         return [c for c in dict.fromkeys(configs)

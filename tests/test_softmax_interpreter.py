@@ -18,9 +18,9 @@ from tuner.space import ProblemContext
 K = get_kernel("softmax")
 
 
-def cfg(block, rows=1, split=1, warps=4, stages=1):
-    return KernelConfig(BLOCK_N=block, ROWS=rows, SPLIT=split, num_warps=warps,
-                        num_stages=stages)
+def cfg(block, rows=1, split=1, warps=4, stages=1, evict=0, per_sm=0):
+    return KernelConfig(BLOCK_N=block, ROWS=rows, SPLIT=split, PROGRAMS_PER_SM=per_sm,
+                        EVICT=evict, num_warps=warps, num_stages=stages)
 
 
 CONFIGS = [
@@ -133,14 +133,14 @@ def test_softmax_space_rejects_redundant_spilling_and_pointless_split_configs():
     ctx = ProblemContext({"M": 4, "N": 100}, "float16")
     assert "wider than N=100" in space.violation(cfg(256), ctx)
     assert "more than M=4" not in (space.violation(cfg(128, rows=4, stages=2), ctx) or "")
-    assert "only pipelines a loop" in space.violation(cfg(128, stages=2), ctx)
+    assert "only pipelines a column loop" in space.violation(cfg(128, stages=2), ctx)
     assert "under 1024" in space.violation(cfg(64, split=2), ctx)
     big = ProblemContext({"M": 4096, "N": 16384}, "float16")
     assert "over 64" in space.violation(cfg(16384), big)
     long = ProblemContext({"M": 16, "N": 131072}, "float16")
     assert space.violation(cfg(2048, split=64), long) is None
     assert "wider than a chunk of 2048" in space.violation(cfg(4096, split=64, warps=8), long)
-    assert "ROWS=1" in space.violation(cfg(2048, rows=2, split=64, stages=2), long)
+    assert "ROWS=1" in space.violation(cfg(2048, rows=2, split=64), long)
     assert "under 1024" in space.violation(
         cfg(1024, split=64), ProblemContext({"M": 16, "N": 50257}, "float16"))
     for shape in ({"M": 1, "N": 1}, {"M": 4096, "N": 50257}, {"M": 64, "N": 512},

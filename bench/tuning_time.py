@@ -162,7 +162,8 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any] | None,
-             command: str, device: str | None, cold_cache: bool, service: bool = False) -> str:
+             command: str, device: str | None, cold_cache: bool, service: bool = False,
+             start_s: float | None = None) -> str:
     how = ("each problem a job of one running `tuner serve` (wall: POST to finished job)"
            if service else "`tuner tune` per problem")
     cache = ("empty when the service started" if service
@@ -173,23 +174,35 @@ def markdown(rows: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any] | None,
              f"Targets (issue 13): one shape within {TARGET_BAND:.0%} of its space's optimum in "
              f"<= {TARGET_SHAPE_S:.0f} s wall; {len(MOE_TOKENS)} token counts of one MoE layer "
              f"in <= {TARGET_SWEEP_S:.0f} s.", ""]
+    if start_s is not None:
+        lines += [f"The service took {start_s:.1f} s from its command to an idle worker (its "
+                  "measuring child and compile pool started); the jobs were submitted after.",
+                  ""]
     if rows:
         lines += ["| problem | wall s | trials | stopped | best ms | best config | "
+                  "vs reference (incumbent / long search's best, same child) | "
                   "best/optimum (table, same recording) | re-timed best / table optimum | "
-                  "target |", "|---|---|---|---|---|---|---|---|---|"]
+                  "target |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             ratio = r.get("table_ratio")
+            quality = r.get("vs_reference", ratio)
             met = r.get("wall_s", 1e9) <= TARGET_SHAPE_S and (
-                ratio is None or ratio <= 1 + TARGET_BAND)
+                quality is None or quality <= 1 + TARGET_BAND)
             config = f"`{json.dumps(r['best_config'])}`" if r.get("best_config") else "-"
+            reference = (f"{_fmt(r.get('vs_reference'))} ({r.get('reference_trials')} trials, "
+                         f"{_fmt(r.get('reference_ms'), '.4f')} ms)"
+                         if r.get("vs_reference") is not None else "-")
             lines.append(
                 f"| {r['problem']} | {r['wall_s']:.1f} | {r.get('trials', '-')} | "
                 f"{r.get('stop') or r.get('status')} | {_fmt(r.get('best_ms'), '.4f')} | "
-                f"{config} | {_fmt(ratio)} | {_fmt(r.get('retimed_ratio'))} | "
-                f"{'met' if met else 'missed'}{'' if ratio is not None else ' (time only)'} |")
+                f"{config} | {reference} | {_fmt(ratio)} | {_fmt(r.get('retimed_ratio'))} | "
+                f"{'met' if met else 'missed'}{'' if quality is not None else ' (time only)'} |")
         walls = [r["wall_s"] for r in rows]
         lines += ["", f"Wall per problem: median {statistics.median(walls):.1f} s, "
-                  f"max {max(walls):.1f} s.", ""]
+                  f"max {max(walls):.1f} s. Quality: the reference column where there is one, "
+                  "else the table's same-recording ratio (the tables in tests/data/replay were "
+                  "recorded with the tiled kernel before its EVEN_K loop, so that ratio is "
+                  "about an older kernel).", ""]
     if sweep is not None:
         lines += sweep_lines(sweep)
     return "\n".join(lines) + "\n"
@@ -235,55 +248,117 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class _Service:
+    """One ``tuner serve`` on a free port over ``db`` (one worker), started and waited for
+    until its worker is idle (its measuring child started: ``Worker.prestart``)."""
+
+    def __init__(self, tmp: str, db: str, backend: str, name: str,
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        self.port = _free_port()
+        env = {**_env(tmp, "service-cache"), "TUNER_DATABASE_URL": db, **(extra_env or {})}
+        cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "serve", "--host", "127.0.0.1",
+               "--port", str(self.port), "--backend", backend, "--workers", "1",
+               "--api-workers", "1"]
+        self.log_path = Path(tmp) / f"{name}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop
+        t0 = time.monotonic()
+        self.process = subprocess.Popen(cmd, env=env, stdout=self._log,
+                                        stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(t0 + 300)
+        except BaseException:
+            self.stop()
+            raise
+        #: seconds from the command to an idle worker
+        self.start_s = time.monotonic() - t0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _wait_ready(self, deadline: float) -> None:
+        import httpx
+
+        while True:
+            try:
+                health = httpx.get(f"{self.url}/healthz", timeout=5).json()
+                workers = ((health.get("workers") or {}).get("workers")) or []
+                if any(w.get("status") == "idle" for w in workers):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass  # not listening yet
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("the service did not start: "
+                                   + self.log_path.read_text()[-2000:])
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+
+
+def _run_job(client: Any, problem: Problem, trials: int, backend: str,
+             force: bool = False) -> tuple[dict[str, Any], float]:
+    t0 = time.monotonic()
+    created = client.submit_job(problem.kernel, [problem.shape], problem.dtype,
+                                trials=trials, backend=backend, force=force)
+    job = client.wait(created["id"], timeout=900, poll=0.1)
+    return job, time.monotonic() - t0
+
+
+#: a reference search: no early stop of any kind, the trial budget alone
+REFERENCE_ENV = {"TUNER_STOP_CHANCE": "0", "TUNER_ROOFLINE_STOP": "0", "TUNER_PATIENCE": "0"}
+
+
 def service_rows(problems: Sequence[Problem], tables: Sequence[Any], trials: int | None,
-                 tmp: str, backend: str = "cuda") -> tuple[list[dict[str, Any]], str | None]:
-    """Each problem as a job of one running ``tuner serve`` (see the module's docstring)."""
+                 tmp: str, backend: str = "cuda", reference_trials: int = 0
+                 ) -> tuple[list[dict[str, Any]], str | None, float | None]:
+    """Each problem as a job of one running ``tuner serve`` (see the module's docstring):
+    (rows, device, seconds the service took to start). With ``reference_trials``, a second
+    service on the same database then runs each problem again as a forced job of that many
+    trials with every early stop off: its re-timing times the fast job's stored best (the
+    incumbent) beside its own finalists in the same child, so ``vs_reference`` (incumbent /
+    the better of the two) says how close the fast job came to what a long search finds."""
     from tuner.client import TunerClient
 
-    port = _free_port()
     db = f"sqlite:///{Path(tmp) / 'service.db'}"
-    env = {**_env(tmp, "service-cache"), "TUNER_DATABASE_URL": db}
-    cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--backend", backend, "--workers", "1", "--api-workers", "1"]
-    log = open(Path(tmp) / "service.log", "w")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     rows: list[dict[str, Any]] = []
     device = None
+    service = _Service(tmp, db, backend, "service")
+    start_s = service.start_s
     try:
-        with TunerClient(f"http://127.0.0.1:{port}") as client:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    client.jobs(limit=1)
-                    break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    if time.monotonic() > deadline or server.poll() is not None:
-                        raise RuntimeError("the service did not start: " + Path(
-                            tmp, "service.log").read_text()[-2000:]) from None
-                    time.sleep(0.5)
-            for i, problem in enumerate(problems):
-                t0 = time.monotonic()
-                created = client.submit_job(problem.kernel, [problem.shape], problem.dtype,
-                                            trials=trials or 48, backend=backend)
-                job = client.wait(created["id"], timeout=900, poll=0.1)
-                wall = time.monotonic() - t0
+        with TunerClient(service.url) as client:
+            for problem in problems:
+                job, wall = _run_job(client, problem, trials or 48, backend)
                 task = job["tasks"][0]
                 device = device or task.get("device")
                 summary = {"status": job["status"], "trials": task["trials_done"],
                            "stop_reason": task["status"], "best_ms": task["best_ms"],
                            "best_config": task["best_config"]}
-                row = problem_row(problem, summary, wall, find_table(tables, problem))
-                row["problem"] += " (first job: starts the worker's child)" if i == 0 else ""
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                rows.append(problem_row(problem, summary, wall, find_table(tables, problem)))
+                print(json.dumps(rows[-1]), flush=True)
     finally:
-        server.terminate()
+        service.stop()
+    if reference_trials:
+        service = _Service(tmp, db, backend, "reference", REFERENCE_ENV)
         try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-    return rows, device
+            with TunerClient(service.url) as client:
+                for problem, row in zip(problems, rows, strict=True):
+                    job, wall = _run_job(client, problem, reference_trials, backend, True)
+                    task = job["tasks"][0]
+                    best, incumbent = task.get("best_ms"), task.get("incumbent_ms")
+                    row.update(reference_trials=task["trials_done"], reference_ms=best,
+                               incumbent_ms=incumbent, reference_wall_s=wall)
+                    if best and incumbent:
+                        row["vs_reference"] = incumbent / min(best, incumbent)
+                    print(json.dumps({"reference": row}), flush=True)
+        finally:
+            service.stop()
+    return rows, device, start_s
 
 
 def _env(cache_root: str | None, name: str) -> dict[str, str]:
@@ -310,15 +385,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cold-cache", action="store_true", help="an empty Triton cache each")
     ap.add_argument("--service", action="store_true", help="the problems as jobs of one "
                     "running tuner serve (its worker keeps its child across jobs)")
+    ap.add_argument("--reference-trials", type=int, default=0, help="with --service: then "
+                    "re-tune each problem with this many trials and no early stop, timing the "
+                    "fast job's best beside it (0: no reference)")
     args = ap.parse_args(argv)
     problems = [] if args.no_problems else [parse_problem(p) for p in
                                             (args.problem or PROBLEMS)]
     tables = load_tables(args.table) if args.table else []
-    rows, sweep, device = [], None, None
+    rows, sweep, device, start_s = [], None, None, None
     with tempfile.TemporaryDirectory(prefix="tuning-time-") as tmp:
         cache = tmp if args.cold_cache else None
         if args.service:
-            rows, device = service_rows(problems, tables, args.trials, tmp)
+            rows, device, start_s = service_rows(problems, tables, args.trials, tmp,
+                                                 reference_trials=args.reference_trials)
             problems = []
         for i, problem in enumerate(problems):
             db = f"sqlite:///{Path(tmp) / f'problem{i}.db'}"
@@ -339,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device = device or next((t.get("device") for t in sweep["tasks"]), None)
             print(json.dumps({k: v for k, v in sweep.items() if k != "tasks"}), flush=True)
     text = markdown(rows, sweep, "python3 -m bench.tuning_time " + " ".join(argv), device,
-                    args.cold_cache, args.service)
+                    args.cold_cache, args.service, start_s)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(text)

@@ -494,9 +494,19 @@ def test_tuning_time_service_mode_tunes_each_problem_as_a_job_of_one_service(tmp
 
     problems = [tt.parse_problem("matmul:M=8,N=16,K=16:float16"),
                 tt.parse_problem("softmax:M=3,N=10:float32")]
-    rows, _device = tt.service_rows(problems, [], 2, str(tmp_path), backend="interpret")
+    rows, _device, start_s = tt.service_rows(problems, [], 2, str(tmp_path),
+                                             backend="interpret", reference_trials=3)
+    assert start_s is not None and start_s > 0
     assert [r["status"] for r in rows] == ["succeeded", "succeeded"]
     assert all(r["trials"] >= 1 and r["best_config"] and r["wall_s"] > 0 for r in rows)
-    assert "first job" in rows[0]["problem"] and "first job" not in rows[1]["problem"]
-    text = tt.markdown(rows, None, "python3 -m bench.tuning_time --service", None, False, True)
+    # the reference job ran its 3 trials with no early stop and re-timed the fast job's best
+    # (the incumbent) beside its own: the ratio is incumbent / the better of the two
+    for r in rows:
+        assert r["reference_trials"] == 3 and r["incumbent_ms"] and r["reference_ms"]
+        assert r["vs_reference"] == pytest.approx(
+            r["incumbent_ms"] / min(r["reference_ms"], r["incumbent_ms"]))
+    text = tt.markdown(rows, None, "python3 -m bench.tuning_time --service", None, False, True,
+                       start_s)
     assert "one running `tuner serve`" in text and "empty when the service started" in text
+    assert f"took {start_s:.1f} s from its command to an idle worker" in text
+    assert "(3 trials," in text

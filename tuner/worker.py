@@ -554,6 +554,7 @@ class Worker:
         Only with a keeper; a failure is logged and left to the first task to meet."""
         if self.keeper is None:
             return
+        self.report("starting")
         try:
             self.keeper.acquire(self.backend_kind, get_kernel("vector_add"), {"N": 4096},
                                 "float32", 0, device_index=self.device_index,
@@ -561,6 +562,7 @@ class Worker:
             self.keeper.release(ok=True)
         except Exception:  # noqa: BLE001 - the first task opens its own and reports why
             log.exception("worker %s: starting the measuring child ahead failed", self.id)
+        self.report("idle")
 
     def close(self) -> None:
         """Close the measuring child kept across tasks (if any)."""

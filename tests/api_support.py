@@ -1,9 +1,8 @@
-"""Helpers of the HTTP service tests: a job body, an in-process interpreter worker, a stored
-best config, the app on a real socket."""
+"""Helpers of the HTTP service tests: a job body, an in-process interpreter worker, a queued
+task, a stored best config, the app on a real socket."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import uvicorn
 from api.app import create_app
 from db import repo
 from db.engine import init_db
+from tests.support_processes import free_port
 from tuner.settings import Settings
 from tuner.worker import TaskOutcome, Worker
 
@@ -33,6 +33,27 @@ def run_worker_once(db_url: str) -> TaskOutcome:
     outcome = worker.run_once()
     assert outcome is not None, "nothing was queued"
     return outcome
+
+
+def queue_task(factory: Any, shape: dict[str, int], trials: int, *, kernel: str = "matmul",
+               version: str | None = None, dtype: str = "float16", backend: str = "interpret",
+               strategy: str = "auto", force: bool = False, started_by: str | None = None) -> int:
+    """A job of one shape, as the API or ``tuner tune`` creates it (seed 0, no time budget, any
+    device; kernel version: the registered kernel's unless given); the id of its task, started
+    by worker ``started_by`` where given (as the CLI starts its own)."""
+    from search_spaces import get_kernel
+
+    with factory() as session:
+        job = repo.create_job(session, kernel=kernel,
+                              kernel_version=version or get_kernel(kernel).version, dtype=dtype,
+                              shapes=[shape], budget_trials=trials, budget_seconds=None,
+                              strategy=strategy, force=force, seed=0, backend=backend,
+                              device_key=None)
+        task_id = int(job.tasks[0].id)
+        if started_by is not None:
+            repo.start_task_locally(session, task_id, worker_id=started_by)
+        session.commit()
+    return task_id
 
 
 def store(db_url: str, shape: dict[str, int], ms: float, device: str = GPU,
@@ -68,9 +89,7 @@ def config_params(shape: dict[str, int], device: str | None = None,
 def running_app(settings: Settings) -> Iterator[str]:
     """The app served by uvicorn on a free local port, in a thread; yields its base URL (for
     tests that need concurrent requests over real sockets)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

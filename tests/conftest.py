@@ -80,3 +80,40 @@ def api_client(api_db_url: str) -> Iterator[Any]:
 
     with TestClient(create_app(Settings(database_url=api_db_url))) as client:
         yield client
+
+
+# -- a browser against ``tuner serve`` (test_dashboard_browser.py, test_stale_compare.py,
+# test_docs_offline.py) ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium for the module's tests; they are skipped, saying so, where
+    Chromium or Playwright is missing."""
+    from tests.support_browser import chromium
+
+    yield from chromium()
+
+
+@pytest.fixture(scope="module")
+def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """``tuner serve`` as a user starts it (a subprocess, real HTTP, a worker on the Triton CPU
+    interpreter) for the module's tests: its ``base`` URL and its database's URL (``db``)."""
+    from tests.support_processes import serving
+
+    with serving(tmp_path_factory.mktemp("serve")) as served:
+        yield {"base": served.base, "db": served.db}
+
+
+@pytest.fixture
+def page(browser: Any, live_service: dict[str, str]) -> Iterator[Any]:
+    """A page on ``live_service`` (1400x900, clipboard allowed); ``page.console_errors`` lists
+    the console's errors and uncaught exceptions."""
+    from tests.support_browser import new_page
+
+    base = live_service["base"]
+    context = browser.new_context(base_url=base, viewport={"width": 1400, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+    page, errors = new_page(context)
+    page.console_errors = errors
+    yield page
+    context.close()

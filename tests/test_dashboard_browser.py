@@ -7,13 +7,6 @@ where either is missing these tests are skipped and say so."""
 from __future__ import annotations
 
 import csv
-import os
-import shutil
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,79 +15,18 @@ import triton
 
 from db import repo
 from tests.api_support import GPU, store
-from tests.test_service import _free_port, _wait_ready
+from tests.support_browser import require_chromium, wait_done
 
-CHROMIUM = os.environ.get("TUNER_TEST_CHROMIUM", "/usr/bin/chromium")
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-if not shutil.which(CHROMIUM):
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
-
-ROOT = Path(__file__).resolve().parents[1]
+require_chromium(allow_module_level=True)
 SHAPE = {"M": 32, "N": 16, "K": 16}
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    data = tmp_path_factory.mktemp("dashboard")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-           "TUNER_DATA_DIR": str(data), "TUNER_DATABASE_URL": ""}
-    log = open(data / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port", str(port),
-                             "--backend", "interpret"], cwd=data, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_ready(base, proc)
-        yield {"base": base, "db": f"sqlite:///{data / 'tuner.db'}"}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=90)
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any, service: dict[str, Any]) -> Iterator[Any]:
-    context = browser.new_context(base_url=service["base"], viewport={"width": 1400,
-                                                                      "height": 900})
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=service["base"])
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.console_errors = errors
-    yield page
-    context.close()
-
-
-def _submit(service: dict[str, Any], trials: int, shape: dict[str, int] = SHAPE) -> str:
-    r = httpx.post(f"{service['base']}/api/v1/jobs", json={
+def _submit(live_service: dict[str, Any], trials: int, shape: dict[str, int] = SHAPE) -> str:
+    r = httpx.post(f"{live_service['base']}/api/v1/jobs", json={
         "kernel": "matmul", "dtype": "float16", "shapes": [shape], "budget": {"trials": trials},
         "force": True})
     assert r.status_code == 202, r.text
     return str(r.json()["id"])
-
-
-def _wait_done(service: dict[str, Any], job_id: str) -> None:
-    import time
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if httpx.get(f"{service['base']}/api/v1/jobs/{job_id}").json()["status"] not in (
-                "queued", "running"):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish")
 
 
 def test_overview_loads(page):
@@ -105,8 +37,8 @@ def test_overview_loads(page):
     assert page.console_errors == []
 
 
-def test_a_submitted_job_shows_its_progress_changing_without_a_reload(page, service):
-    job_id = _submit(service, trials=6)
+def test_a_submitted_job_shows_its_progress_changing_without_a_reload(page, live_service):
+    job_id = _submit(live_service, trials=6)
     page.goto("/jobs")
     row = page.locator(f'tr[data-job="{job_id}"]')
     first = row.locator('[data-field="trials"]').inner_text()
@@ -124,9 +56,9 @@ def test_a_submitted_job_shows_its_progress_changing_without_a_reload(page, serv
     assert page.console_errors == []
 
 
-def test_the_job_page_draws_its_charts(page, service):
-    job_id = _submit(service, trials=4, shape={"M": 16, "N": 32, "K": 16})
-    _wait_done(service, job_id)
+def test_the_job_page_draws_its_charts(page, live_service):
+    job_id = _submit(live_service, trials=4, shape={"M": 16, "N": 32, "K": 16})
+    wait_done(live_service["base"], job_id)
     page.goto(f"/jobs/{job_id}")
     for chart in ("best", "trials", "importance", "parcoords"):
         page.locator(f'[data-chart="{chart}"] svg.main-svg').first.wait_for()
@@ -138,40 +70,41 @@ def test_the_job_page_draws_its_charts(page, service):
     assert page.console_errors == []
 
 
-def test_a_running_jobs_page_redraws_its_charts_as_trials_arrive(page, service):
-    job_id = _submit(service, trials=40, shape={"M": 64, "N": 16, "K": 16})
+def test_a_running_jobs_page_redraws_its_charts_as_trials_arrive(page, live_service):
+    job_id = _submit(live_service, trials=40, shape={"M": 64, "N": 16, "K": 16})
     page.goto(f"/jobs/{job_id}")
     page.evaluate("window.__sameDocument = true")
     points = "document.querySelectorAll('[data-chart=trials] .scatterlayer path.point').length"
     first = page.evaluate(points)
     page.wait_for_function(f"window.__sameDocument && {points} >= {first} + 2")
     assert page.evaluate("window.__sameDocument") is True
-    httpx.post(f"{service['base']}/api/v1/jobs/{job_id}/cancel")
+    httpx.post(f"{live_service['base']}/api/v1/jobs/{job_id}/cancel")
     assert page.console_errors == []
 
 
-def test_cancel_from_the_jobs_page(page, service):
-    job_id = _submit(service, trials=200, shape={"M": 48, "N": 16, "K": 16})
+def test_cancel_from_the_jobs_page(page, live_service):
+    job_id = _submit(live_service, trials=200, shape={"M": 48, "N": 16, "K": 16})
     page.goto("/jobs")
     page.once("dialog", lambda dialog: dialog.accept())
     page.locator(f'button[data-cancel="{job_id}"]').click()
     page.wait_for_function(
         "id => document.querySelector(`tr[data-job='${id}'] [data-field=status]`)"
         ".textContent === 'cancelled'", arg=job_id)
-    assert httpx.get(f"{service['base']}/api/v1/jobs/{job_id}").json()["status"] == "cancelled"
+    job = httpx.get(f"{live_service['base']}/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "cancelled"
     assert page.console_errors == []
 
 
-def _seed_configs(service: dict[str, Any]) -> None:
-    store(service["db"], {"M": 4096, "N": 4096, "K": 4096}, 0.217)
-    store(service["db"], {"M": 16, "N": 4096, "K": 4096}, 0.0164,
+def _seed_configs(live_service: dict[str, Any]) -> None:
+    store(live_service["db"], {"M": 4096, "N": 4096, "K": 4096}, 0.217)
+    store(live_service["db"], {"M": 16, "N": 4096, "K": 4096}, 0.0164,
           config={"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4,
                   "num_stages": 5})
-    store(service["db"], {"M": 2048, "N": 2048, "K": 2048}, 0.0279, dtype="bfloat16")
+    store(live_service["db"], {"M": 2048, "N": 2048, "K": 2048}, 0.0279, dtype="bfloat16")
 
 
-def test_the_configs_filter_narrows_the_table(page, service):
-    _seed_configs(service)
+def test_the_configs_filter_narrows_the_table(page, live_service):
+    _seed_configs(live_service)
     page.goto(f"/configs?device={GPU}")
     rows = page.locator("#configs-table tbody tr[data-kernel]:visible")
     assert rows.count() == 3
@@ -184,8 +117,8 @@ def test_the_configs_filter_narrows_the_table(page, service):
     assert page.console_errors == []
 
 
-def test_a_copy_button_yields_a_valid_triton_config(page, service):
-    _seed_configs(service)
+def test_a_copy_button_yields_a_valid_triton_config(page, live_service):
+    _seed_configs(live_service)
     page.goto(f"/configs?device={GPU}&shape=16x4096x4096")
     page.locator("#configs-table tbody tr[data-kernel]").first.locator(
         'button[data-copy="triton"]').click()
@@ -223,16 +156,16 @@ class Driver:
     """Runs one shape of a job as a worker would, through ``db.repo``: start it, record trials,
     store the re-timed best with its baseline, finish it."""
 
-    def __init__(self, service: dict[str, Any], device: str) -> None:
+    def __init__(self, live_service: dict[str, Any], device: str) -> None:
         from db.engine import init_db
 
-        self.factory = init_db(service["db"])
+        self.factory = init_db(live_service["db"])
         self.device = device
         with self.factory() as session:
             repo.upsert_device(session, {"key": device, "kind": "cuda", "name": "Test GPU"})
             repo.set_calibration(session, device, **CALIBRATION)
             session.commit()
-        r = httpx.post(f"{service['base']}/api/v1/jobs", json={
+        r = httpx.post(f"{live_service['base']}/api/v1/jobs", json={
             "kernel": "matmul", "dtype": "float16", "shapes": [DRIVEN_SHAPE], "force": True,
             "budget": {"trials": 6}, "device": device})
         assert r.status_code == 202, r.text
@@ -290,11 +223,11 @@ def _live_texts(page: Any) -> dict[str, str]:
     }""")
 
 
-def test_every_number_on_a_running_job_page_follows_its_trials(page, service):
+def test_every_number_on_a_running_job_page_follows_its_trials(page, live_service):
     from search_spaces import get_kernel
     from tuner.roofline import floor_ms
 
-    drive = Driver(service, "cuda:Test GPU live:sm90")
+    drive = Driver(live_service, "cuda:Test GPU live:sm90")
     page.goto(f"/jobs/{drive.job_id}")
     page.evaluate("window.__sameDocument = true")
     head = "section.shape [data-live=head]"
@@ -360,8 +293,8 @@ def test_every_number_on_a_running_job_page_follows_its_trials(page, service):
     assert page.console_errors == []
 
 
-def test_the_trials_table_sorts_filters_and_exports_csv(page, service):
-    drive = Driver(service, "cuda:Test GPU table:sm90")
+def test_the_trials_table_sorts_filters_and_exports_csv(page, live_service):
+    drive = Driver(live_service, "cuda:Test GPU table:sm90")
     drive.start()
     best = _trial(64, ms=0.011, compile_s=0.5)
     drive.record(_trial(16, ms=0.040, compile_s=1.25), _trial(32, ms=0.020),
@@ -425,8 +358,8 @@ def test_the_trials_table_sorts_filters_and_exports_csv(page, service):
     assert page.console_errors == []
 
 
-def test_cancel_asks_first_and_relative_times_count_on(page, service):
-    drive = Driver(service, "cuda:Test GPU cancel:sm90")  # no worker has it: it stays queued
+def test_cancel_asks_first_and_relative_times_count_on(page, live_service):
+    drive = Driver(live_service, "cuda:Test GPU cancel:sm90")  # no worker has it: it stays queued
     page.goto(f"/jobs/{drive.job_id}")
     created = page.locator("[data-live=job] time[data-ago]").first
     before = created.inner_text()
@@ -442,20 +375,20 @@ def test_cancel_asks_first_and_relative_times_count_on(page, service):
     page.once("dialog", lambda d: answer(d, False))
     page.locator("button[data-cancel]").click()
     _wait_text(page, "#cancel-message", "Not cancelled.")
-    assert httpx.get(f"{service['base']}/api/v1/jobs/{drive.job_id}").json()[
+    assert httpx.get(f"{live_service['base']}/api/v1/jobs/{drive.job_id}").json()[
         "status"] == "queued"
     page.once("dialog", lambda d: answer(d, True))
     page.locator("button[data-cancel]").click()
     _wait_text(page, "#job-status", "cancelled")
-    assert httpx.get(f"{service['base']}/api/v1/jobs/{drive.job_id}").json()[
+    assert httpx.get(f"{live_service['base']}/api/v1/jobs/{drive.job_id}").json()[
         "status"] == "cancelled"
     assert len(dialogs) == 2 and drive.job_id[:8] in dialogs[0]
     assert page.locator(".cancel-form").count() == 0
     assert page.console_errors == []
 
 
-def test_an_expanded_config_stays_inside_the_configs_table(page, service):
-    _seed_configs(service)
+def test_an_expanded_config_stays_inside_the_configs_table(page, live_service):
+    _seed_configs(live_service)
     page.goto(f"/configs?device={GPU}")
     row = page.locator("#configs-table tbody tr[data-kernel]").first
     row.locator("summary").click()
@@ -468,10 +401,10 @@ def test_an_expanded_config_stays_inside_the_configs_table(page, service):
     assert page.console_errors == []
 
 
-def test_a_shape_of_many_trials_pages_through_all_of_them(page, service):
+def test_a_shape_of_many_trials_pages_through_all_of_them(page, live_service):
     """The table holds every trial, a page of rows at a time: sorting and filtering work over
     all of them, not over the page shown (nor over the rows the server's HTML lists)."""
-    drive = Driver(service, "cuda:Test GPU many:sm90")
+    drive = Driver(live_service, "cuda:Test GPU many:sm90")
     drive.start()
     drive.record(*(_trial(16 if n % 2 else 32, ms=0.010 + n * 0.001) for n in range(130)))
     page.goto(f"/jobs/{drive.job_id}")

@@ -10,17 +10,15 @@ every request that is not to that socket blocked and recorded."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.api_support import GPU, running_app, store
+from tests.support_browser import new_page
 from tuner.settings import Settings
 
-CHROMIUM = os.environ.get("TUNER_TEST_CHROMIUM", "/usr/bin/chromium")
 EXAMPLE_SHAPE = {"M": 4096, "N": 4096, "K": 4096}
 
 
@@ -152,18 +150,6 @@ def test_docs_and_redoc_reference_only_this_service(api_client):
 
 # -- in a browser with no network --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    if not shutil.which(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def served(tmp_path) -> Iterator[dict[str, str]]:
     db = f"sqlite:///{tmp_path / 'docs.db'}"
@@ -186,10 +172,7 @@ def offline_page(browser: Any, served: dict[str, str]) -> Iterator[Any]:
             r.abort()
 
     context.route("**/*", route)
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page, errors = new_page(context, console=False)
     page.blocked, page.page_errors = blocked, errors
     yield page
     context.close()

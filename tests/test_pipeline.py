@@ -18,6 +18,7 @@ from tests.fakes.faulty import (
     STICKY,
     WRONG,
 )
+from tests.support_processes import alive
 from tuner.backends import TimingOptions
 from tuner.backends.process import ProcessBackend
 from tuner.config import KernelConfig
@@ -55,14 +56,6 @@ def spawned_children() -> list[int]:
 def pids_of(b: ProcessBackend) -> list[int]:
     """Every process the backend started: GPU children (restarts included) and compile pool."""
     return list(b.child_pids) + (list(b._pool.pids) if b._pool is not None else [])
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import torch
 
 import search_spaces
 from tests.plugins import registered
-from tests.test_service import _free_port, _wait_ready
+from tests.support_processes import free_port, wait_ready
 from tuner.client import TunerClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_a_kernel_name_clash_is_reported_not_registered(tmp_path: Path):
 
 
 def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "TRITON_INTERPRET": "1", "TUNER_DATA_DIR": str(tmp_path),
            "TUNER_DATABASE_URL": ""}
     log = open(tmp_path / "serve.log", "wb")
@@ -130,7 +130,7 @@ def test_both_examples_tuned_over_http_then_launched_with_the_tuned_config(plugi
     shapes = {"rmsnorm": {"M": 5, "N": 300}, "bias_gelu": {"M": 3, "N": 70}}
     proc, base = _serve(tmp_path)
     try:
-        _wait_ready(base, proc)
+        wait_ready(base, proc)
         client = TunerClient(base, timeout=10)
         jobs = {name: client.submit(name, [shape], "float32", trials=3)
                 for name, shape in shapes.items()}

@@ -5,58 +5,25 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from db import repo
 from db.engine import init_db
-from search_spaces import get_kernel
+from tests.api_support import queue_task
+from tests.support_processes import ROOT, interpreter_env, serving, wait_for
 from tuner import service
 from tuner.client import TunerClient
 from tuner.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
-KERNEL = get_kernel("matmul")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "tuner serve exited early"
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("the service did not become ready")
-
 
 def test_serve_runs_a_job_end_to_end_on_the_interpreter(tmp_path: Path):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-           "TUNER_DATA_DIR": str(tmp_path), "TUNER_DATABASE_URL": ""}
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port", str(port),
-                             "--backend", "interpret"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_ready(base, proc)
-        client = TunerClient(base, timeout=10)
+    with serving(tmp_path) as served:
+        client = TunerClient(served.base, timeout=10)
         job_id = client.submit("matmul", [{"M": 32, "N": 16, "K": 16}], "float16", trials=2)
         job = client.wait(job_id, timeout=240, poll=0.5)
         assert job["status"] == "succeeded", job
@@ -64,12 +31,10 @@ def test_serve_runs_a_job_end_to_end_on_the_interpreter(tmp_path: Path):
                                     device="interpret:cpu")
         assert config.to_dict() == job["tasks"][0]["best_config"]
         assert (tmp_path / "tuner.db").is_file()
-        _a_killed_worker_is_replaced(proc)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=90) == 0
+        _a_killed_worker_is_replaced(served.proc)
+    assert served.proc.returncode == 0
     assert "Triton CPU interpreter" in (tmp_path / "serve.log").read_text()
-    assert _workers_of(proc.pid) == []  # serve stopped its workers before exiting
+    assert _workers_of(served.proc.pid) == []  # serve stopped its workers before exiting
 
 
 def _workers_of(serve_pid: int) -> list[int]:
@@ -88,28 +53,20 @@ def _workers_of(serve_pid: int) -> list[int]:
 def _a_killed_worker_is_replaced(serve: subprocess.Popen[bytes]) -> None:
     [first] = _workers_of(serve.pid)
     os.kill(first, signal.SIGKILL)
-    _wait_for(lambda: _workers_of(serve.pid) not in ([], [first]), serve, timeout=30)
+    wait_for(lambda: _workers_of(serve.pid) not in ([], [first]), serve, timeout=30)
 
 
 def test_a_worker_stopped_by_sigterm_requeues_its_task_with_its_trials(tmp_path: Path):
     db_url = f"sqlite:///{tmp_path / 'w.db'}"
     factory = init_db(db_url)
-    with factory() as session:
-        # 64^3 has more feasible configs than a few batches: the stop lands mid-search
-        job = repo.create_job(session, kernel="matmul", kernel_version=KERNEL.version,
-                              dtype="float16", shapes=[{"M": 64, "N": 64, "K": 64}],
-                              budget_trials=2000, budget_seconds=None, strategy="auto",
-                              force=False, seed=0, backend="interpret", device_key=None)
-        task_id = job.tasks[0].id
-        session.commit()
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-           "TUNER_DATABASE_URL": db_url}
+    # 64^3 has more feasible configs than a few batches: the stop lands mid-search
+    task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
     log = open(tmp_path / "worker.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
-                             "interpret"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                             "interpret"], env=interpreter_env(TUNER_DATABASE_URL=db_url),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: _task(factory, task_id).trials_done >= 1, proc, timeout=180)
+        wait_for(lambda: _task(factory, task_id).trials_done >= 1, proc, timeout=180)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     finally:
@@ -124,14 +81,6 @@ def test_a_worker_stopped_by_sigterm_requeues_its_task_with_its_trials(tmp_path:
 def _task(factory: Any, task_id: int) -> Any:
     with factory() as session:
         return repo.get_task(session, task_id)
-
-
-def _wait_for(condition: Any, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, "the worker exited early"
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 def test_without_a_gpu_serve_plans_one_interpreter_worker_and_says_so(monkeypatch):
@@ -188,15 +137,9 @@ def test_a_worker_hands_its_compile_share_to_each_task(monkeypatch, tmp_path: Pa
         return worker_module.TaskOutcome(task_id, "succeeded", None, None, False)
 
     monkeypatch.setattr(worker_module, "execute_task", fake_execute)
-    url = f"sqlite:///{tmp_path / 'w.db'}"
-    factory = init_db(url)
-    kernel = get_kernel("softmax")
-    with factory() as session:
-        repo.create_job(session, kernel="softmax", kernel_version=kernel.version,
-                        dtype="float32", shapes=[{"M": 4, "N": 8}], budget_trials=1,
-                        budget_seconds=None, strategy="auto", force=True, seed=0,
-                        backend="cuda", device_key=None)
-        session.commit()
+    factory = init_db(f"sqlite:///{tmp_path / 'w.db'}")
+    queue_task(factory, {"M": 4, "N": 8}, 1, kernel="softmax", dtype="float32",
+               backend="cuda", force=True)
     w = worker_module.Worker(factory, backend_kind="cuda", device_key="cuda:X:sm90",
                              compile_workers=7)
     assert w.run_once() is not None

@@ -6,19 +6,10 @@ Triton CPU interpreter; skipped, saying so, where either is missing)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import update
 
 from db import views
@@ -26,11 +17,9 @@ from db.engine import init_db
 from db.models import BestConfig
 from search_spaces import get_kernel
 from tests.api_support import GPU, INTERPRETER, run_worker_once, store
-from tests.test_service import _free_port, _wait_ready
+from tests.support_browser import wait_done
 from tuner.identity import local_triton_version
 
-CHROMIUM = os.environ.get("TUNER_TEST_CHROMIUM", "/usr/bin/chromium")
-ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"M": 32, "N": 16, "K": 16}
 OLD = "0ld5ource0ld"
 H100 = "cuda:NVIDIA H100 80GB HBM3:sm90"
@@ -221,83 +210,27 @@ def test_the_compare_page_lists_the_jobs_that_tuned_the_shape(api_client, api_db
 
 # -- in a browser -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    data = tmp_path_factory.mktemp("stale")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-           "TUNER_DATA_DIR": str(data), "TUNER_DATABASE_URL": ""}
-    log = open(data / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port", str(port),
-                             "--backend", "interpret"], cwd=data, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_ready(base, proc)
-        yield {"base": base, "db": f"sqlite:///{data / 'tuner.db'}"}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=90)
-        log.close()
+def _jobs(live_service: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(httpx.get(f"{live_service['base']}/api/v1/jobs").json()["data"])
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    if not shutil.which(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any, service: dict[str, Any]) -> Iterator[Any]:
-    context = browser.new_context(base_url=service["base"], viewport={"width": 1400,
-                                                                      "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.console_errors = errors
-    yield page
-    context.close()
-
-
-def _jobs(service: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(httpx.get(f"{service['base']}/api/v1/jobs").json()["data"])
-
-
-def _wait_done(service: dict[str, Any], job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        job = httpx.get(f"{service['base']}/api/v1/jobs/{job_id}").json()
-        if job["status"] not in ("queued", "running"):
-            return dict(job)
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
-def test_retune_a_stale_config_from_its_page(page, service):
+def test_retune_a_stale_config_from_its_page(page, live_service):
     """A best of an older kernel source on the interpreter is listed; Re-tune asks first
     (dismissed: nothing is queued), then queues a job on its device with the trials typed in;
     once the worker has tuned it, the page no longer lists it."""
     shape = {"M": 16, "N": 16, "K": 16}
-    store(service["db"], shape, 0.5, device=INTERPRETER, kind="interpret",
+    store(live_service["db"], shape, 0.5, device=INTERPRETER, kind="interpret",
           kernel_version=OLD, triton_version=local_triton_version() or "")
     page.goto("/dashboard/stale")
     row = page.locator(f'tr[data-stale][data-device="{INTERPRETER}"]')
     assert row.count() == 1 and "kernel-version" in row.inner_text()
     assert OLD in row.inner_text() and INTERPRETER in row.inner_text()
-    before = len(_jobs(service))
+    before = len(_jobs(live_service))
     asked: list[str] = []
     page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
     row.locator("button[data-retune]").click()
     page.locator("#retune-message").get_by_text("Not queued.").wait_for()
-    assert len(_jobs(service)) == before and "with 48 trials" in asked[0]
+    assert len(_jobs(live_service)) == before and "with 48 trials" in asked[0]
     page.fill("#retune-trials", "2")
     page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
     row.locator("button[data-retune]").click()
@@ -305,18 +238,19 @@ def test_retune_a_stale_config_from_its_page(page, service):
     link.wait_for()
     assert "with 2 trials" in asked[1] and INTERPRETER in asked[1]
     job_id = link.get_attribute("data-job")
-    job = _wait_done(service, job_id)
+    job = wait_done(live_service["base"], job_id)
     assert (job["kernel"], job["device"], job["budget_trials"]) == ("matmul", INTERPRETER, 2)
     assert job["kernel_version"] == get_kernel("matmul").version
     assert [t["shape"] for t in job["tasks"]] == [shape] and job["status"] == "succeeded"
-    assert len(_jobs(service)) == before + 1
+    assert len(_jobs(live_service)) == before + 1
     page.reload()
     assert page.locator(f'tr[data-stale][data-device="{INTERPRETER}"]').count() == 0
     assert page.console_errors == []
 
 
-def test_the_compare_page_draws_both_charts(page, service):
-    _sweep(service["db"], k=24)  # a K of its own: the service's other tests store K=16 shapes
+def test_the_compare_page_draws_both_charts(page, live_service):
+    # a K of its own: the service's other tests store K=16 shapes
+    _sweep(live_service["db"], k=24)
     page.goto("/dashboard/compare?kernel=matmul&dtype=float16&shape=M%3D32,N%3D16,K%3D24")
     page.wait_for_selector("#compare-chart .main-svg")
     page.wait_for_selector("#sweep-chart .main-svg")

@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,25 +19,8 @@ import pytest
 from db import repo
 from db.engine import init_db
 from search_spaces import get_kernel
-
-ROOT = Path(__file__).resolve().parents[1]
-MATMUL = get_kernel("matmul")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), **extra}
-
-
-def _wait_for(condition: Callable[[], Any], proc: subprocess.Popen[Any] | None,
-              timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert proc is None or proc.poll() is None, "the process exited early"
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+from tests.api_support import queue_task
+from tests.support_processes import ROOT, alive, interpreter_env, wait_for
 
 
 def _only_task(factory: Any) -> Any:
@@ -61,12 +42,12 @@ def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_u
          "--shape", "M=32,N=32,K=32", "--dtype", "float16", "--backend", "interpret",
          "--trials", "500", "--no-progress"],
         # the "no expected gain" stop off: the search must still be running when interrupted
-        cwd=ROOT, env=_env(TUNER_STOP_CHANCE="0"), stdout=out, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        cwd=ROOT, env=interpreter_env(TUNER_STOP_CHANCE="0"), stdout=out,
+        stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # a verified trial is in the database: there is a best to keep
-        _wait_for(lambda: (t := _only_task(factory)) is not None and t.best_ms is not None,
-                  proc)
+        wait_for(lambda: (t := _only_task(factory)) is not None and t.best_ms is not None,
+                 proc)
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == 130
     finally:
@@ -99,7 +80,7 @@ def test_an_unknown_strategy_is_refused_before_a_job_is_created(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "tuner.cli", "--db", f"sqlite:///{db}", "tune", "matmul",
          "--shape", "M=16,N=16,K=16", "--backend", "interpret", "--strategy", "nope"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+        cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=120)
     from tuner.strategies import strategy_names
 
     assert out.returncode == 2
@@ -114,20 +95,14 @@ def test_tune_help_lists_every_strategy():
 
     assert list(STRATEGY_NAMES) == strategy_names()
     out = subprocess.run([sys.executable, "-m", "tuner.cli", "tune", "--help"], cwd=ROOT,
-                         env=_env(COLUMNS="300"), capture_output=True, text=True, timeout=60)
+                         env=interpreter_env(COLUMNS="300"), capture_output=True, text=True,
+                         timeout=60)
     assert f"search strategy: {', '.join(strategy_names())}" in out.stdout
 
 
 def _started_task(factory: Any, *, trials: int = 4, worker_id: str = "cli") -> int:
-    with factory() as session:
-        job = repo.create_job(session, kernel="matmul", kernel_version=MATMUL.version,
-                              dtype="float16", shapes=[{"M": 16, "N": 16, "K": 16}],
-                              budget_trials=trials, budget_seconds=None, strategy="auto",
-                              force=True, seed=0, backend="replay", device_key=None)
-        task_id = int(job.tasks[0].id)
-        repo.start_task_locally(session, task_id, worker_id=worker_id)
-        session.commit()
-    return task_id
+    return queue_task(factory, {"M": 16, "N": 16, "K": 16}, trials, backend="replay",
+                      force=True, started_by=worker_id)
 
 
 @pytest.mark.parametrize("where", ["open_backend", "run_search"])
@@ -181,15 +156,8 @@ worker.execute_task(init_db(sys.argv[1]), int(sys.argv[2]), backend_kind="interp
 def _faulty_task(factory: Any, trials: int) -> int:
     from tests.fakes.faulty import KERNEL
 
-    with factory() as session:
-        job = repo.create_job(session, kernel=KERNEL.name, kernel_version=KERNEL.version,
-                              dtype="float32", shapes=[{"N": 64}], budget_trials=trials,
-                              budget_seconds=None, strategy="exhaustive", force=True, seed=0,
-                              backend="interpret", device_key=None)
-        task_id = int(job.tasks[0].id)
-        repo.start_task_locally(session, task_id, worker_id="cli")
-        session.commit()
-    return task_id
+    return queue_task(factory, {"N": 64}, trials, kernel=KERNEL.name, version=KERNEL.version,
+                      dtype="float32", strategy="exhaustive", force=True, started_by="cli")
 
 
 def _kill(pid: int) -> None:
@@ -206,7 +174,7 @@ def test_a_worker_killed_mid_batch_keeps_every_finished_trial(any_db_url, tmp_pa
     factory = init_db(any_db_url)
     task_id = _faulty_task(factory, trials=24)
     proc = subprocess.Popen([sys.executable, "-c", _WORKER, any_db_url, str(task_id)],
-                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=interpreter_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     measuring: list[tuple[str, int]] = []
     try:
@@ -245,12 +213,9 @@ def test_a_worker_whose_lease_went_to_another_stops_and_writes_nothing(any_db_ur
     from tuner.worker import execute_task
 
     factory = init_db(any_db_url)
+    task_id = queue_task(factory, {"M": 4096, "N": 4096, "K": 4096}, 4, backend="replay",
+                         force=True)
     with factory() as session:
-        job = repo.create_job(session, kernel="matmul", kernel_version=MATMUL.version,
-                              dtype="float16", shapes=[{"M": 4096, "N": 4096, "K": 4096}],
-                              budget_trials=4, budget_seconds=None, strategy="auto",
-                              force=True, seed=0, backend="replay", device_key=None)
-        task_id = int(job.tasks[0].id)
         assert repo.claim_task(session, worker_id="w1", device_key="x", lease_seconds=60)
         session.commit()
 
@@ -299,30 +264,22 @@ sys.stdin.read()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _gone_within(pids: list[int], seconds: float) -> list[int]:
     """The pids still alive after ``seconds`` (polled: nothing signals another's death)."""
     deadline = time.monotonic() + seconds
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 
 
 @pytest.mark.timeout(180)
 def test_a_killed_parent_takes_its_compile_pool_and_measuring_child_along():
-    proc = subprocess.Popen([sys.executable, "-c", _PARENT], cwd=ROOT, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-c", _PARENT], cwd=ROOT, env=interpreter_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     try:
-        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert len(pids) == 3 and all(alive(p) for p in pids)
         proc.kill()
         proc.wait(timeout=30)
         assert _gone_within(pids, 5.0) == []
@@ -344,12 +301,12 @@ sub.wait()
 
 @pytest.mark.timeout(60)
 def test_without_prctl_the_watch_thread_ends_a_child_whose_parent_died():
-    proc = subprocess.Popen([sys.executable, "-c", _WATCHED], cwd=ROOT, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHED], cwd=ROOT, env=interpreter_env(),
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     [pid] = [int(p) for p in proc.stdout.readline().split()]
     try:
-        assert _alive(pid)
+        assert alive(pid)
         proc.kill()
         proc.wait(timeout=30)
         assert _gone_within([pid], 5.0) == []
@@ -405,17 +362,12 @@ def test_the_gpu_count_honours_cuda_visible_devices(visible, count, tmp_path, mo
 @pytest.mark.timeout(300)
 def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
     factory = init_db(any_db_url)
-    with factory() as session:
-        job = repo.create_job(session, kernel="matmul", kernel_version=MATMUL.version,
-                              dtype="float16", shapes=[{"M": 64, "N": 64, "K": 64}],
-                              budget_trials=2000, budget_seconds=None, strategy="auto",
-                              force=False, seed=0, backend="interpret", device_key=None)
-        task_id = int(job.tasks[0].id)
-        session.commit()
+    task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
     log = open(tmp_path / "worker.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
                              "interpret"], cwd=ROOT,
-                            env=_env(TUNER_DATABASE_URL=any_db_url, TUNER_STOP_CHANCE="0"),
+                            env=interpreter_env(TUNER_DATABASE_URL=any_db_url,
+                                                TUNER_STOP_CHANCE="0"),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def row() -> Any:
@@ -424,7 +376,7 @@ def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
             return rows[0] if rows else None
 
     try:
-        busy = _wait_for(lambda: (w := row()) is not None and w.status == "busy" and w, proc)
+        busy = wait_for(lambda: (w := row()) is not None and w.status == "busy" and w, proc)
         assert (busy.task_id, busy.kind, busy.device_key) == (task_id, "interpret",
                                                               "interpret:cpu")
         assert busy.gpu_index is None and busy.gpu_uuid is None
@@ -445,6 +397,7 @@ def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
 #: a dimension of 1 where the kernel has room for one
 LARGE = {"matmul": {"M": 40963, "N": 1, "K": 65535}, "softmax": {"M": 1048575, "N": 4099}}
 LARGE["moe_gemm"] = {"M": 40963, "N": 1, "K": 65535, "E": 8, "TOPK": 2}
+LARGE["moe_gemm_variants"] = LARGE["moe_gemm"]
 LARGE |= {f"matmul_epilogue_{act}{res}": LARGE["matmul"]  # matmul's dims, fused epilogues
           for act in ("none", "relu", "gelu", "silu") for res in ("", "_residual")}
 LARGE |= {n: {"B": 1, "H": 72, "S": 4099, "D": 128}

@@ -10,7 +10,7 @@ import torch
 
 from search_spaces import get_kernel
 from search_spaces.add_layernorm import add_layernorm
-from tuner.backends.child import ChildState, _verify
+from tests.support_kernels import Damaged, assert_known_good_configs_valid, verify
 from tuner.config import KernelConfig
 from tuner.space import ProblemContext
 from tuner.verification import compare
@@ -91,20 +91,6 @@ def test_mismatched_tensors_are_refused():
                       inputs["out"], inputs["residual_out"], CONFIGS[1])
 
 
-class _Broken:
-    """add_layernorm whose launch then damages one output as a wrong kernel would."""
-
-    def __init__(self, name, damage):
-        self.name_, self.damage = name, damage
-
-    def __getattr__(self, name):
-        return getattr(K, name)
-
-    def launch(self, config, inputs):
-        K.launch(config, inputs)
-        self.damage(inputs[self.name_])
-
-
 def _row_biased(t):
     t[1] += 4 * 2.0 ** -10 * 2  # ~2 ulps of fp16 at |y| ~ 4 on one whole row
 
@@ -120,14 +106,12 @@ def _not_normalised(t):
 @pytest.mark.parametrize("output", ["out", "residual_out"])
 @pytest.mark.parametrize("damage", [_row_biased, _small_half_zeroed, _not_normalised])
 def test_verification_rejects_a_wrong_output(output, damage):
-    shape = {"M": 4, "N": 300}
-    state = ChildState("interpret")
-    state.kernel, state.shape, state.dtype = _Broken(output, damage), shape, "float16"
+    shape, dtype = {"M": 4, "N": 300}, "float16"
     config = KernelConfig(BLOCK_N=512, ROWS=1, num_warps=4, num_stages=1)
-    wrong = _verify(state, config, K.make_inputs(shape, "float16", "cpu", 5))
+    wrong = verify(Damaged(K, damage, output), config, shape, dtype,
+                   K.make_inputs(shape, dtype, "cpu", 5))
     assert wrong is not None and f"output {output}" in wrong
-    state.kernel = K
-    assert _verify(state, config, K.make_inputs(shape, "float16", "cpu", 5)) is None
+    assert verify(K, config, shape, dtype, K.make_inputs(shape, dtype, "cpu", 5)) is None
 
 
 def test_space_rejects_redundant_and_spilling_configs():
@@ -147,13 +131,8 @@ def test_space_rejects_redundant_and_spilling_configs():
         ProblemContext({"M": 4, "N": 100_000}, "float16"))
     assert space.violation(KernelConfig(BLOCK_N=4096, ROWS=1, num_warps=2, num_stages=1),
                            big) is None  # one pass of 64 columns a thread fits
-    for shape in ({"M": 1, "N": 1}, {"M": 32768, "N": 4096}, {"M": 64, "N": 768},
-                  {"M": 7, "N": 100_000}):
-        ctx = ProblemContext(shape, "float16")
-        configs = K.known_good_configs(shape, "float16")
-        assert K.default_config(shape, "float16") in configs
-        for config in configs:
-            assert space.contains(config) and space.violation(config, ctx) is None, config
+    assert_known_good_configs_valid(K, [{"M": 1, "N": 1}, {"M": 32768, "N": 4096},
+                                        {"M": 64, "N": 768}, {"M": 7, "N": 100_000}])
 
 
 def test_prior_is_finite_and_prefers_one_pass_with_enough_in_flight():

@@ -4,23 +4,17 @@ the registered names, and a tune through the CLI."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from search_spaces import get_kernel, kernel_names
 from search_spaces.matmul_epilogue import KERNELS, MatmulEpilogueKernel
+from tests.support_kernels import tune_on_interpreter
 from tuner.config import KernelConfig
 from tuner.errors import UnknownKernel
 from tuner.kernel import load_ref
 from tuner.verification import compare
 
-ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(KERNELS)
 #: BLOCK_N=32 < N=37 (two column tiles, the second masked), BLOCK_K=32 > K (masked K loop)
 SMALL = KernelConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2)
@@ -112,23 +106,9 @@ def test_an_unknown_epilogue_is_refused_naming_the_field():
         MatmulEpilogueKernel("tanh", residual=False)
 
 
-def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
-
-
 def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
-    db = f"sqlite:///{tmp_path / 'cli.db'}"
-    name = "matmul_epilogue_gelu_residual"
-    tuned = tuner("tune", name, "--shape", "M=5,N=37,K=19", "--dtype", "float16",
-                  "--trials", "3", "--backend", "interpret", "--json", db=db)
-    assert tuned.returncode == 0, tuned.stderr
-    summary = json.loads(tuned.stdout)
-    assert summary["device"] == "interpret:cpu" and summary["stored"] is True
-    assert summary["best_ms"] > 0 and summary["trials"] == 3
-    rows = json.loads(tuner("configs", "--kernel", name, "--json", db=db).stdout)
-    assert len(rows) == 1 and rows[0]["config"] == summary["best_config"]
+    name, db = "matmul_epilogue_gelu_residual", f"sqlite:///{tmp_path / 'cli.db'}"
+    summary, rows = tune_on_interpreter(name, "M=5,N=37,K=19", db)
     assert rows[0]["shape"] == {"M": 5, "N": 37, "K": 19}
     assert KERNELS[name].space().contains(KernelConfig(summary["best_config"]))
 

@@ -9,7 +9,7 @@ import torch
 
 from search_spaces import get_kernel
 from search_spaces.vector_add import INTERPRETER_SMS, _launch_meta, vector_add
-from tuner.backends.child import ChildState, _verify
+from tests.support_kernels import Damaged, assert_known_good_configs_valid, verify
 from tuner.config import KernelConfig
 from tuner.space import ProblemContext
 from tuner.verification import compare
@@ -63,20 +63,6 @@ def test_mismatched_tensors_are_refused():
         vector_add(a, a, torch.empty(16)[::2], CONFIGS[0])
 
 
-class _Broken:
-    """vector_add whose launch then damages its output as a wrong kernel would."""
-
-    def __init__(self, damage):
-        self.damage = damage
-
-    def __getattr__(self, name):
-        return getattr(K, name)
-
-    def launch(self, config, inputs):
-        K.launch(config, inputs)
-        self.damage(inputs["out"])
-
-
 def _first_element_off(out):
     out[0] += 0.25 * float(out.abs().max())
 
@@ -91,13 +77,10 @@ def _biased(out):
 
 @pytest.mark.parametrize("damage", [_first_element_off, _small_half_zeroed, _biased])
 def test_verification_rejects_wrong_sums(damage):
-    shape = {"N": 1000}
-    state = ChildState("interpret")
-    state.kernel, state.shape, state.dtype = _Broken(damage), shape, "float16"
-    inputs = K.make_inputs(shape, "float16", "cpu", 4)
-    assert _verify(state, CONFIGS[0], inputs) is not None
-    state.kernel = K
-    assert _verify(state, CONFIGS[0], K.make_inputs(shape, "float16", "cpu", 4)) is None
+    shape, dtype = {"N": 1000}, "float16"
+    inputs = K.make_inputs(shape, dtype, "cpu", 4)
+    assert verify(Damaged(K, damage), CONFIGS[0], shape, dtype, inputs) is not None
+    assert verify(K, CONFIGS[0], shape, dtype, K.make_inputs(shape, dtype, "cpu", 4)) is None
 
 
 def test_space_rejects_redundant_and_spilling_configs():
@@ -116,12 +99,8 @@ def test_space_rejects_redundant_and_spilling_configs():
         KernelConfig(BLOCK=256, PROGRAMS_PER_SM=0, num_warps=16, num_stages=1), big)
     assert space.violation(
         KernelConfig(BLOCK=4096, PROGRAMS_PER_SM=4, num_warps=8, num_stages=2), big) is None
-    for shape in ({"N": 1}, {"N": 1 << 28}, {"N": 777}, {"N": (1 << 31) - 1}):
-        ctx = ProblemContext(shape, "float16")
-        configs = K.known_good_configs(shape, "float16")
-        assert K.default_config(shape, "float16") in configs
-        for config in configs:
-            assert space.contains(config) and space.violation(config, ctx) is None, config
+    assert_known_good_configs_valid(K, [{"N": 1}, {"N": 1 << 28}, {"N": 777},
+                                        {"N": (1 << 31) - 1}])
 
 
 def test_prior_prefers_enough_bytes_in_flight_and_is_finite():

@@ -36,8 +36,9 @@ import numpy as np
 from fastapi import FastAPI, Request
 from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from api.middleware import HttpMiddleware
 from db import repo
 from db.models import BestConfig, Device
 from tuner.identity import triton_minor
@@ -300,18 +301,12 @@ class NoDelayHTTP(_http_protocol()):  # type: ignore[misc]
 
 # -- Server-Timing ------------------------------------------------------------------------------
 
-class ServerTiming:
+class ServerTiming(HttpMiddleware):
     """Adds ``Server-Timing: app;dur=<ms>`` to every response: the time from the request
     reaching the app to its response starting (routing, validation, the handler, serialising
     the body), without the HTTP server's parsing and writing."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
 
         async def timed_send(message: Message) -> None:

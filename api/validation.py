@@ -8,12 +8,14 @@ import json
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
 
+from api.middleware import HttpMiddleware
 from search_spaces import get_kernel
 
 # the dtype checks' home is tuner.dtypes; check_dtype is imported from here by the routes
@@ -132,12 +134,6 @@ _SUSPECT_JSON = re.compile(rb"\\u|NaN|Infinity|[eE][-+]?\d{3}|\d{300}")
 _BAD_TEXT_MSG = ("text with a NUL character or a lone UTF-16 surrogate cannot be stored; send "
                  "valid Unicode")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 
 def _printable(text: str) -> str:
     """Text safe to put in a JSON response (surrogates as backslash escapes)."""
@@ -192,19 +188,13 @@ def _is_json(scope: Scope) -> bool:
     return True
 
 
-class HostileInputGuard:
+class HostileInputGuard(HttpMiddleware):
     """ASGI middleware: a 422 naming the field, before any route runs, for a path, query
     parameter or JSON body field holding a NUL or a lone surrogate, and for NaN or infinite
     numbers in a JSON body. Each would otherwise reach the database or the response encoder
     and end as a 500 (PostgreSQL refuses NUL, UTF-8 refuses surrogates, JSON refuses NaN)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         problem: tuple[list[str | int], str] | None = None
         if _BAD_TEXT.search(scope.get("path", "")):
             problem = ["path"], "the path: " + _BAD_TEXT_MSG

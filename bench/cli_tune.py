@@ -1,6 +1,6 @@
 """Issue 2 on the GPU: ``tuner tune matmul`` end to end, against torch.matmul in the same run.
 
-    python3 bench/cli_tune.py --out bench/results/cli_tune_h200.md [--trials 48]
+    python3 -m bench.cli_tune --out bench/results/cli_tune_h200.md [--trials 48]
 
 Runs the real CLI (a subprocess, as a user would) for each shape, then times torch.matmul
 (cuBLAS) on the same shape with the same timer (do_bench, L2 flushed, median), and writes a
@@ -16,19 +16,42 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
+ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [("M=4096,N=4096,K=4096", "float16"), ("M=16,N=14336,K=4096", "bfloat16")]
 
 
-def run_cli(shape: str, dtype: str, trials: int, db: str) -> tuple[list[str], dict, float]:
-    cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "tune", "matmul", "--shape", shape,
+def bench_args(trials: int, db: str) -> argparse.Namespace:
+    """The options of a benchmark of ``tuner tune``: ``--out`` (its markdown table),
+    ``--trials`` a shape and ``--db``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--trials", type=int, default=trials)
+    ap.add_argument("--db", default=db)
+    return ap.parse_args()
+
+
+class CliRun(NamedTuple):
+    cmd: list[str]
+    returncode: int
+    #: the command's JSON summary; None where it printed none
+    summary: dict[str, Any] | None
+    wall_s: float
+
+
+def run_cli(kernel: str, shape: str, dtype: str, trials: int, db: str) -> CliRun:
+    """``tuner tune KERNEL --json`` on the GPU as a user runs it (a subprocess, from the
+    checkout's root); the tail of its stderr is printed where it failed."""
+    cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "tune", kernel, "--shape", shape,
            "--dtype", dtype, "--trials", str(trials), "--backend", "cuda", "--json"]
     t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     wall = time.monotonic() - t0
     if out.returncode != 0:
         print(out.stderr[-4000:], file=sys.stderr)
-    return cmd, json.loads(out.stdout.strip().splitlines()[-1]), wall
+    lines = out.stdout.strip().splitlines()
+    return CliRun(cmd, out.returncode, json.loads(lines[-1]) if lines else None, wall)
 
 
 def torch_ms(shape: str, dtype: str) -> float:
@@ -46,18 +69,16 @@ def torch_ms(shape: str, dtype: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--trials", type=int, default=48)
-    ap.add_argument("--db", default="sqlite:////tmp/tuner-bench.db")
-    args = ap.parse_args()
+    args = bench_args(trials=48, db="sqlite:////tmp/tuner-bench.db")
     rows = []
     for shape, dtype in SHAPES:
-        cmd, summary, wall = run_cli(shape, dtype, args.trials, args.db)
+        cmd, _rc, summary, wall = run_cli("matmul", shape, dtype, args.trials, args.db)
+        if summary is None:
+            raise SystemExit(f"no summary from {' '.join(cmd)}")
         rows.append((shape, dtype, cmd, summary, wall))
         print(json.dumps(summary), flush=True)
     lines = ["# `tuner tune matmul` on the GPU, against torch.matmul in the same run", "",
-             f"Command: `python3 bench/cli_tune.py --out {args.out} --trials {args.trials}`",
+             f"Command: `python3 -m bench.cli_tune --out {args.out} --trials {args.trials}`",
              "", "| shape | dtype | best config | tuned ms | TFLOP/s | torch.matmul ms | "
              "torch TFLOP/s | tuned / torch time | trials (outcomes) | job wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -41,14 +41,8 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/record_holdout.log") 2>&1
 START=$(date +%s)
 
-deps='import optuna, scipy, torch, triton'
-if ! "$PY" -c "$deps" 2>/dev/null && [ -d .whl ]; then
-  echo "installing the carried wheels (.whl) into /tmp/site"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 2
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-"$PY" -c "$deps" || { echo "missing packages (see the comment at the top)"; exit 2; }
+. scripts/carried_wheels.sh
+need_packages 'import optuna, scipy, torch, triton'
 unset TRITON_INTERPRET  # an interpret child sets it for itself
 export PYTHONUNBUFFERED=1
 

@@ -1,6 +1,6 @@
 """``tuner tune softmax`` on the GPU against torch.softmax in the same run, with the floor.
 
-    python3 bench/softmax_tune.py --out bench/results/softmax_tune_h200.md [--trials 32]
+    python3 -m bench.softmax_tune --out bench/results/softmax_tune_h200.md [--trials 32]
 
 Softmax is memory-bound: the floor is reading x once and writing out once (2 x M x N x element
 bytes) at the GPU's copy bandwidth (measured here with a device-to-device copy, as the workers'
@@ -10,24 +10,18 @@ timed again here next to torch.softmax (do_bench, L2 flushed, median).
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.cli_tune import bench_args, run_cli
+
 SHAPES = [((4096, 8192), "float16"), ((8192, 50257), "bfloat16"), ((32768, 1024), "float32"),
           ((16, 131072), "float16")]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--trials", type=int, default=32)
-    ap.add_argument("--db", default="sqlite:////tmp/softmax-bench.db")
-    args = ap.parse_args()
+    args = bench_args(trials=32, db="sqlite:////tmp/softmax-bench.db")
     import torch
     import triton.testing
 
@@ -39,23 +33,17 @@ def main() -> None:
     copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100)
     bw = 2 * src.numel() / (copy_ms * 1e-3)  # read + write, B/s
     lines = ["# `tuner tune softmax` on the GPU against torch.softmax", "",
-             f"Command: `python3 bench/softmax_tune.py --out {args.out} --trials {args.trials}` "
+             f"Command: `python3 -m bench.softmax_tune --out {args.out} --trials {args.trials}` "
              f"({time.strftime('%Y-%m-%d')}). Copy bandwidth measured here: "
              f"{bw / 1e9:.0f} GB/s (read + write of a 256 MiB buffer).", "",
              "| shape (M x N) | dtype | floor us | tuned us | torch us | tuned / torch | "
              "of floor | trials | wall s | best config |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for (m, n), dtype in SHAPES:
-        cmd = [sys.executable, "-m", "tuner.cli", "--db", args.db, "tune", "softmax", "--shape",
-               f"M={m},N={n}", "--dtype", dtype, "--trials", str(args.trials), "--backend",
-               "cuda", "--json"]
-        t0 = time.monotonic()
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        wall = time.monotonic() - t0
-        if out.returncode != 0:
-            print(out.stderr[-3000:], file=sys.stderr)
+        _cmd, rc, summary, wall = run_cli("softmax", f"M={m},N={n}", dtype, args.trials,
+                                          args.db)
+        if rc != 0 or summary is None:
             continue
-        summary = json.loads(out.stdout.strip().splitlines()[-1])
         shape = {"M": m, "N": n}
         inputs = KERNEL.make_inputs(shape, dtype, "cuda", 0)
         config = KernelConfig(summary["best_config"])

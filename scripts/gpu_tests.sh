@@ -19,14 +19,8 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_tests.txt") 2>&1
 
-deps='import optuna, sqlalchemy, alembic, pydantic_settings, httpx, tqdm, pytest, pytest_timeout'
-if ! "$PY" -c "$deps" 2>/dev/null && [ -d .whl ]; then
-  echo "installing the carried wheels (.whl) into /tmp/site"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 2
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-"$PY" -c "$deps" || { echo "missing packages (see the comment at the top)"; exit 2; }
+. scripts/carried_wheels.sh
+need_packages 'import optuna, sqlalchemy, alembic, pydantic_settings, httpx, tqdm, pytest, pytest_timeout'
 
 # the root conftest selects Triton's CPU interpreter unless TUNER_TEST_GPU=1
 export TUNER_TEST_GPU=1 PYTHONUNBUFFERED=1

@@ -9,7 +9,12 @@ right. The algorithm is a search parameter, ``VARIANT`` (an int: ``VARIANTS`` na
 - ``tma_persistent`` (2): the same loop with device-side tensor descriptors (TMA loads and
   store on sm_90+; 16-bit inputs, 16-byte aligned rows);
 - ``split_k`` (3): ``SPLIT_K`` programs per tile each sum a share of K into an fp32 workspace,
-  and a second kernel adds the shares in a fixed order (deterministic; no atomics).
+  and a second kernel adds the shares in a fixed order (deterministic; no atomics);
+- ``stream_k`` (4): one program per SM; all tiles but the last wave and the tail run as in
+  ``persistent``, the rest are cut along K into equal runs, one a program ("DP + two-tile
+  SK": each run is 1-2 tiles of K steps, so a tile is shared by at most two programs, whose
+  fp32 partials the second to finish adds; one launch, no spinning, deterministic). Loads by
+  TMA where ``stream_k_tma`` allows (sm_90+, 16-bit, aligned rows), else by pointers.
 
 Warp specialisation (``tl.range(..., warp_specialize=True)``) is not a variant: Triton 3.6 and
 3.9 document it for Blackwell only. Every K loop has an ``EVEN_K`` specialisation (no K mask).
@@ -217,10 +222,105 @@ def _split_k_reduce_kernel(ws_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: t
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _tma_steps_dot(a_desc, b_desc, pid_m, pid_n, k_first, k_steps, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``tile_dot`` with tensor-descriptor (TMA) loads: zero-filled past M, N and K."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_first, k_first + k_steps):
+        a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+        b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _matmul_stream_k_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, NUM_SMS: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # NUM_SMS programs. Data-parallel part: the first (tiles // NUM_SMS - 1) * NUM_SMS tiles,
+    # whole K, walked as the persistent kernel walks them. Stream-K part: the rest (one full
+    # wave plus the tail, "DP + two-tile SK"), as one range of sk_tiles * k_tiles K steps cut
+    # into NUM_SMS equal runs of whole steps, run p taking steps [p * per, (p + 1) * per).
+    # per >= k_tiles, so a tile meets at most two runs: a tile a run covers whole is stored
+    # directly; a tile two runs share gets an fp32 partial from each (slot 1 of the run that
+    # ends in it, slot 0 of the run that starts in it), and the second of the two to bump the
+    # tile's counter adds the other's partial to its own and writes C. Two partials: a + b is
+    # b + a bit for bit, so the result does not depend on which one finishes (deterministic).
+    # The finisher sets the counter back to 0 for the next launch: no memset, no spinning.
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    full = tl.maximum(num_tiles // NUM_SMS - 1, 0) * NUM_SMS
+    if USE_TMA:
+        a_src = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                          block_shape=[BLOCK_M, BLOCK_K])
+        b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                          block_shape=[BLOCK_K, BLOCK_N])
+    else:
+        a_src = a_ptr
+        b_src = b_ptr
+    tile_c = start - NUM_SMS
+    for tile_id in tl.range(start, full, NUM_SMS, flatten=True):
+        pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if USE_TMA:
+            acc = _tma_steps_dot(a_src, b_src, pid_m, pid_n, 0, k_tiles, BLOCK_M, BLOCK_N,
+                                 BLOCK_K)
+        else:
+            acc = tile_dot(a_src, b_src, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                           pid_m, pid_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        tile_c += NUM_SMS
+        pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_cm, pid_cn, BLOCK_M, BLOCK_N)
+
+    sk_steps = (num_tiles - full) * k_tiles
+    per = tl.maximum(tl.cdiv(sk_steps, NUM_SMS), k_tiles)
+    it = start * per
+    it_end = tl.minimum(it + per, sk_steps)
+    first_t = it // k_tiles
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    for _piece in range(3):  # a run of per <= 2 * k_tiles steps meets at most three tiles
+        if it < it_end:
+            t = it // k_tiles
+            k_first = it - t * k_tiles
+            k_stop = tl.minimum(it_end - t * k_tiles, k_tiles)
+            pid_m, pid_n = tile_coords(full + t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            if USE_TMA:
+                acc = _tma_steps_dot(a_src, b_src, pid_m, pid_n, k_first, k_stop - k_first,
+                                     BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                acc = tile_dot(a_src, b_src, M, N, K, stride_am, stride_ak, stride_bk,
+                               stride_bn, pid_m, pid_n, k_first.to(tl.int64), k_stop - k_first,
+                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            if (k_first == 0) & (k_stop == k_tiles):
+                store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M,
+                           BLOCK_N)
+            else:
+                mine = 2 * start + tl.where(t == first_t, 0, 1)
+                tl.store(ws_ptr + mine.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+                # every thread's partial is written before one thread releases the counter
+                tl.debug_barrier()
+                arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                if arrived == 1:
+                    tl.debug_barrier()
+                    # the run that ends in tile t (slot 1) and the next one (slot 0)
+                    first_p = (t * k_tiles) // per
+                    other = tl.where(start == first_p, 2 * first_p + 2, 2 * first_p + 1)
+                    acc += tl.load(ws_ptr + other.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                                   cache_modifier=".cg")
+                    store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M,
+                               BLOCK_N)
+                    tl.store(cnt_ptr + t, 0)
+            it = (t + 1) * k_tiles
+
+
 #: The VARIANT parameter's values. Config values are ints (KernelConfig, the store, the API),
 #: so the algorithm is a categorical int; these are its names, by value.
-VARIANTS = ("tiled", "persistent", "tma_persistent", "split_k")
-TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K_VARIANT = range(len(VARIANTS))
+VARIANTS = ("tiled", "persistent", "tma_persistent", "split_k", "stream_k")
+TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K_VARIANT, STREAM_K = range(len(VARIANTS))
 #: SPLIT_K's values: 1 for every variant but split_k, which takes one of the others
 SPLIT_KS = (1, 2, 4, 8, 16)
 #: NUM_SMS of the persistent variants on the CPU interpreter: few, so that each program walks
@@ -273,13 +373,68 @@ def set_tma_allocator(device: torch.device) -> None:
         triton.set_allocator(alloc)
 
 
+def stream_k_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether stream_k loads A and B by tensor descriptors (TMA): on sm_90+ with this
+    Triton's descriptors, 16-bit inputs, row-major A and B with 16-byte aligned rows and
+    bases (what the cost model assumes from the problem: ``stream_k_tma_problem``);
+    elsewhere it uses the pointer loads of the persistent kernel."""
+    if not HAS_TENSOR_DESCRIPTORS or a.device.type != "cuda":
+        return False
+    if a.dtype not in (torch.float16, torch.bfloat16) or b.dtype != a.dtype:
+        return False
+    if torch.cuda.get_device_capability(a.device) < (9, 0):
+        return False
+    e = a.element_size()
+    return (a.stride(1) == 1 and b.stride(1) == 1 and (a.stride(0) * e) % 16 == 0
+            and (b.stride(0) * e) % 16 == 0 and a.data_ptr() % 16 == 0
+            and b.data_ptr() % 16 == 0)
+
+
+def stream_k_tma_problem(ctx: ProblemContext) -> bool:
+    """``stream_k_tma`` from the problem alone (contiguous fresh inputs, as the tuner makes)."""
+    e = ctx.elem_bytes
+    return (HAS_TENSOR_DESCRIPTORS and ctx.capability >= 90
+            and ctx.dtype in ("float16", "bfloat16")
+            and (ctx.shape["K"] * e) % 16 == 0 and (ctx.shape["N"] * e) % 16 == 0)
+
+
+#: stream_k's fp32 partial tiles (two slots a program) and per-tile int32 counters, by
+#: (device, stream): allocated on the first launch that needs them (grown when a larger
+#: config comes), never per launch; the counters are zeroed once here and set back to 0 by
+#: each tile's finishing program, so a launch leaves them as it found them. One buffer a
+#: stream: launches on a stream run one after another.
+_STREAM_K_BUFFERS: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def stream_k_buffers(device: torch.device, sms: int, block_m: int,
+                     block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(workspace, counters) for a stream_k launch of ``sms`` programs with this tile: at
+    least 2 * sms * block_m * block_n fp32 and 2 * sms int32 (the stream-K tiles are fewer
+    than two waves)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), int(stream))
+    need_ws, need_cnt = 2 * sms * block_m * block_n, 2 * sms
+    ws, cnt = _STREAM_K_BUFFERS.get(key, (None, None))
+    if ws is None or ws.numel() < need_ws:
+        ws = torch.empty(need_ws, device=device, dtype=torch.float32)
+    if cnt is None or cnt.numel() < need_cnt:
+        cnt = torch.zeros(need_cnt, device=device, dtype=torch.int32)
+    _STREAM_K_BUFFERS[key] = (ws, cnt)
+    return ws, cnt
+
+
 def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
-              config: KernelConfig) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...],
-                                                  dict[str, Any]]]:
+              config: KernelConfig, sms: int | None = None,
+              tma: bool | None = None) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...],
+                                                     dict[str, Any]]]:
     """The kernel launches computing ``out = a @ b`` with ``config``: (kernel, grid, args,
-    constexprs and launch options) each, in order."""
+    constexprs and launch options) each, in order. ``sms`` (the persistent variants'
+    programs; the device's SM count by default) and ``tma`` (whether stream_k loads by
+    descriptors; ``stream_k_tma`` by default) are for tests."""
     (M, K), N = a.shape, b.shape[1]
     variant = variant_of(config)
+    if sms is None:
+        sms = num_sms(a.device)
     opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     tile = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
     ab = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
@@ -288,15 +443,20 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     if variant == TMA_PERSISTENT:
         if a.stride(1) != 1 or b.stride(1) != 1 or out.stride(1) != 1:
             raise ValueError("the tma_persistent variant needs row-major A, B and C")
-        grid = (min(num_sms(a.device), tiles),)
+        grid = (min(sms, tiles),)
         return [(_matmul_tma_persistent_kernel, grid,
                  (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
-                 {**tile, "NUM_SMS": num_sms(a.device), **opts})]
+                 {**tile, "NUM_SMS": sms, **opts})]
     meta = {**tile, "EVEN_K": even_k(K, config["BLOCK_K"]), **opts}
     if variant == PERSISTENT:
-        grid = (min(num_sms(a.device), tiles),)
+        grid = (min(sms, tiles),)
         return [(_matmul_persistent_kernel, grid, (a, b, out, M, N, K, *ab, *cs),
-                 {**meta, "NUM_SMS": num_sms(a.device)})]
+                 {**meta, "NUM_SMS": sms})]
+    if variant == STREAM_K:
+        ws, cnt = stream_k_buffers(a.device, sms, config["BLOCK_M"], config["BLOCK_N"])
+        use_tma = stream_k_tma(a, b) if tma is None else tma
+        return [(_matmul_stream_k_kernel, (sms,), (a, b, out, ws, cnt, M, N, K, *ab, *cs),
+                 {**meta, "NUM_SMS": sms, "USE_TMA": use_tma})]
     if variant == SPLIT_K_VARIANT:
         split = int(config["SPLIT_K"])
         ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)
@@ -309,20 +469,25 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     return [(_matmul_kernel, (tiles,), (a, b, out, M, N, K, *ab, *cs), meta)]
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig) -> None:
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig, *,
+           sms: int | None = None, tma: bool | None = None) -> None:
     """out = a @ b with the given config (its VARIANT picks the algorithm; the split-K
-    workspace is allocated here, so a timed launch includes it and the reduction)."""
-    if variant_of(config) == TMA_PERSISTENT:
+    workspace is allocated here, so a timed launch includes it and the reduction; stream_k's
+    buffers are cached across launches). ``sms`` and ``tma``: see ``_launches``."""
+    launches = _launches(a, b, out, config, sms, tma)
+    if any(kw.get("USE_TMA") for _, _, _, kw in launches) or (
+            variant_of(config) == TMA_PERSISTENT):
         set_tma_allocator(a.device)
-    for kernel, grid, args, kwargs in _launches(a, b, out, config):
+    for kernel, grid, args, kwargs in launches:
         kernel[grid](*args, **kwargs)
 
 
 def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
-                   config: KernelConfig) -> None:
+                   config: KernelConfig, *, sms: int | None = None,
+                   tma: bool | None = None) -> None:
     """Compile (or load from Triton's disk cache) every kernel of the config without
     launching."""
-    for kernel, grid, args, kwargs in _launches(a, b, out, config):
+    for kernel, grid, args, kwargs in _launches(a, b, out, config, sms, tma):
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
@@ -438,6 +603,31 @@ def persistent_constraint(config: KernelConfig, ctx: ProblemContext) -> str | No
     return None
 
 
+def stream_k_plan(tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
+    """stream_k's schedule, as its kernel computes it: (full, per). Tiles ``0 .. full - 1``
+    are data-parallel (whole K, ``full // sms`` a program); the rest (one wave plus the tail:
+    "DP + two-tile SK") are ``(tiles - full) * k_tiles`` K steps cut into runs of ``per``
+    (at least one tile's steps, so no tile meets more than two runs)."""
+    full = max(tiles // sms - 1, 0) * sms
+    return full, max(-(-(tiles - full) * k_tiles // sms), k_tiles)
+
+
+def stream_k_constraint(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """stream_k only where it differs from the persistent kernel: a tail wave (tiles not a
+    multiple of the SMs), at least one full wave (with fewer tiles split_k balances the SMs),
+    and more than one K step to split."""
+    if variant_of(config) != STREAM_K:
+        return None
+    tiles, sms = output_tiles(config, ctx.shape), ctx.sm_count
+    if tiles < sms:
+        return f"{tiles} tiles do not fill {sms} SMs: stream_k needs a full wave"
+    if tiles % sms == 0:
+        return f"{tiles} tiles are whole waves of {sms} SMs: stream_k is the persistent kernel"
+    if ctx.shape["K"] <= config["BLOCK_K"]:
+        return "one K step: stream_k has nothing to split (the persistent kernel)"
+    return None
+
+
 # The Triton matmul tutorial's CUDA configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages),
 # plus two for skinny (decode-like) problems: the tiled kernel.
 _KNOWN_GOOD = [
@@ -456,6 +646,8 @@ _KNOWN_GOOD_VARIANTS = [
     (PERSISTENT, 1, 128, 128, 64, 8, 4, 4),
     (SPLIT_K_VARIANT, 4, 16, 64, 128, 1, 4, 4), (SPLIT_K_VARIANT, 2, 16, 128, 64, 1, 4, 4),
     (SPLIT_K_VARIANT, 4, 64, 64, 64, 8, 4, 4), (SPLIT_K_VARIANT, 2, 64, 128, 64, 8, 4, 4),
+    (STREAM_K, 1, 128, 256, 64, 8, 8, 3), (STREAM_K, 1, 128, 128, 64, 8, 4, 4),
+    (STREAM_K, 1, 128, 128, 64, 8, 8, 4),
 ]
 
 
@@ -494,7 +686,7 @@ class MatmulKernel:
     name = "matmul"
     ref = "search_spaces.matmul:KERNEL"
     description = ("C = A @ B, row-major, fp32 accumulate, masked edges, grouped tile order; "
-                   "variants tiled, persistent, tma_persistent, split_k")
+                   "variants tiled, persistent, tma_persistent, split_k, stream_k")
     dims = (Dim("M", 1, 65536, "rows of A and C"), Dim("N", 1, 65536, "columns of B and C"),
             Dim("K", 1, 65536, "the reduction dimension"))
     dtypes = ("float16", "bfloat16", "float32")
@@ -514,14 +706,16 @@ class MatmulKernel:
         return SearchSpace(
             params=(Param("VARIANT", tuple(range(len(VARIANTS))), "categorical"),
                     Param.ints("SPLIT_K", SPLIT_KS), *tiled.params),
-            constraints=(_variant_params, _split_k, persistent_constraint, *tiled.constraints),
+            constraints=(_variant_params, _split_k, persistent_constraint,
+                         stream_k_constraint, *tiled.constraints),
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
         """The tiled kernel's first (they run everywhere), then those of the other variants
         that suit the problem: the persistent ones where 128x128 tiles fill more than one wave
         of an H200's SMs, split-K where 64x64 tiles fill less than two (idle SMs, or a
-        half-empty last wave) and K is deep (a warm start spends a trial on each)."""
+        half-empty last wave) and K is deep, stream-K's where its tiles fill at least one wave
+        with a partial last one (a warm start spends a trial on each)."""
         tiled = [KernelConfig({**c, "VARIANT": TILED, "SPLIT_K": 1}) for c in tiled_known_good()]
         names = ("VARIANT", "SPLIT_K", *_PARAMS)
         others = [KernelConfig(dict(zip(names, c, strict=True))) for c in _KNOWN_GOOD_VARIANTS]
@@ -529,7 +723,13 @@ class MatmulKernel:
         big = triton.cdiv(m, 128) * triton.cdiv(n, 128) > _H200_SMS
         few = triton.cdiv(m, 64) * triton.cdiv(n, 64) < 2 * _H200_SMS and k >= 1024
         suits = {PERSISTENT: big, TMA_PERSISTENT: big, SPLIT_K_VARIANT: few}
-        return tiled + [c for c in others if suits[c["VARIANT"]]]
+
+        def tail(c: KernelConfig) -> bool:
+            tiles = triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
+            return tiles >= _H200_SMS and tiles % _H200_SMS > 0 and k > c["BLOCK_K"]
+
+        return tiled + [c for c in others
+                        if (tail(c) if c["VARIANT"] == STREAM_K else suits[c["VARIANT"]])]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """The tiled kernel's: runs on every shape and dtype, on any GPU with >= 100 KB of

@@ -1,6 +1,6 @@
 """The matmul kernel is right for odd shapes under Triton's CPU interpreter, in every variant
-(tiled, persistent, tma_persistent, split_k); the variant constraints prune what cannot run or
-would repeat another config; split-K is deterministic."""
+(tiled, persistent, tma_persistent, split_k, stream_k); the variant constraints prune what
+cannot run or would repeat another config; split-K is deterministic."""
 
 import pytest
 import torch
@@ -31,7 +31,8 @@ def variant(name: str, split_k: int = 1, **tile: int) -> KernelConfig:
 #: one config per variant (split_k twice): 16x32 tiles, so that the shapes below have more
 #: tiles than the interpreter's 3 persistent programs and a K loop of several steps
 VARIANT_CONFIGS = [variant("tiled"), variant("persistent"), variant("split_k", 2),
-                   variant("split_k", 4, GROUP_M=1), variant("tma_persistent")]
+                   variant("split_k", 4, GROUP_M=1), variant("tma_persistent"),
+                   variant("stream_k")]
 #: M=1, K=1, K not a multiple of BLOCK_K (65), K a multiple of it (EVEN_K: 64), N < BLOCK_N
 VARIANT_SHAPES = [{"M": 1, "N": 40, "K": 1}, {"M": 17, "N": 33, "K": 65},
                   {"M": 50, "N": 72, "K": 64}, {"M": 33, "N": 8, "K": 40}]
@@ -190,7 +191,9 @@ def test_known_good_and_default_configs_are_in_the_space_and_run():
     shape = {"M": 4096, "N": 4096, "K": 4096}
     good = k.known_good_configs(shape, "float16")
     assert all(space.contains(c) for c in good)
-    assert {c["VARIANT"] for c in good} == {mm.TILED, mm.PERSISTENT, mm.TMA_PERSISTENT}
+    # 4096^2 in 128x128 or 128x256 tiles leaves a partial last wave on 132 SMs: stream-K's too
+    assert {c["VARIANT"] for c in good} == {mm.TILED, mm.PERSISTENT, mm.TMA_PERSISTENT,
+                                            mm.STREAM_K}
     assert good[0]["VARIANT"] == mm.TILED  # the ones that run everywhere come first
     # a skinny deep-K problem gets split-K's instead of the persistent ones
     skinny = k.known_good_configs({"M": 16, "N": 4096, "K": 4096}, "float16")

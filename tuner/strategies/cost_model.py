@@ -24,7 +24,10 @@ next tile's loads), but one CTA per SM and quantisation of the tiles over the SM
 constraint wants 16-byte rows, a little more tensor-core efficiency) and the output tile's
 staging in shared memory; ``split_k`` multiplies the programs by SPLIT_K and divides their K
 steps, for the fp32 workspace's round trip (written by the GEMM, read by a second launch that
-writes C).
+writes C); ``stream_k`` is persistent for all but the last wave and the tail, which it spreads
+evenly over the SMs as runs of K steps (the tiles over the SMs no longer quantised), for two fp32
+partial tiles written and one read back per program and a counter's round trip; it loads by TMA
+where tma_persistent could (its output goes out by pointers: no staging).
 
 Only the *order* it induces matters; its constants are round numbers of an H100/H200 class GPU
 (they were sanity-checked, not fitted, on the recorded H200 tables). Spaces without BLOCK_M/N/K or
@@ -58,7 +61,7 @@ DEFAULT_SM_COUNT = 132
 #: asynchronous copies (< 4 bytes: loads go through registers, one or two elements a thread)
 SYNC_LOAD_RATE = 2.5e8
 #: matmul's VARIANT values (search_spaces/matmul.py VARIANTS; a config without one is tiled)
-TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K = 0, 1, 2, 3
+TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K, STREAM_K = 0, 1, 2, 3, 4
 #: tensor-core efficiency gained when TMA feeds the MMA (no load instructions or addresses
 #: competing with it for issue slots and registers)
 TMA_MMA_GAIN = 1.08
@@ -96,6 +99,14 @@ def _softmax(*terms: float) -> float:
     return float(sum(t ** P for t in terms) ** (1.0 / P))
 
 
+def _stream_k_tma(ctx: ProblemContext) -> bool:
+    """Whether matmul's stream_k loads by TMA on this problem (search_spaces.matmul
+    stream_k_tma_problem): sm_90+, 16-bit inputs, 16-byte aligned rows of A and B."""
+    e = ctx.elem_bytes
+    return (ctx.capability >= 90 and ctx.dtype in ("float16", "bfloat16")
+            and ctx.shape["K"] * e % 16 == 0 and ctx.shape["N"] * e % 16 == 0)
+
+
 def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     """Estimated run time in seconds (a ranking score, not a prediction to trust)."""
     variant = int(config.get("VARIANT", TILED))
@@ -106,10 +117,11 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     stages = int(config.get("num_stages", 3))
     e = ctx.elem_bytes
     sms = ctx.sm_count or DEFAULT_SM_COUNT
-    tma = variant == TMA_PERSISTENT
+    stream_k = variant == STREAM_K
+    tma = variant == TMA_PERSISTENT or (stream_k and _stream_k_tma(ctx))
 
     # -- residency: CTAs per SM from shared memory, registers and threads
-    smem = max(1, stages * bk * (bm + bn) * e + (bm * bn * e if tma else 0))
+    smem = max(1, stages * bk * (bm + bn) * e + (bm * bn * e if variant == TMA_PERSISTENT else 0))
     # unaligned rows (K or N not a multiple of 16 bytes) load in narrower vectors; below 4 bytes
     # there is no asynchronous copy: tiles go through registers, a pipeline stage holds them
     # there, and the stages do not hide latency (warps do)
@@ -129,11 +141,12 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     tiles = _cdiv(M, bm) * _cdiv(N, bn)
     k_iters = _cdiv(_cdiv(K, bk), split)  # split-K: each program's share of the K steps
     programs = tiles * split
-    if variant in (PERSISTENT, TMA_PERSISTENT):
+    persistent = variant in (PERSISTENT, TMA_PERSISTENT, STREAM_K)
+    if persistent:
         # one program per SM walks ceil(tiles / SMs) tiles; only the first tile pays the
         # pipeline's fill and the launch, later ones overlap their store with the next loads
         occ = 1
-        programs = min(tiles, sms)
+        programs = sms if stream_k else min(tiles, sms)
     waves = _cdiv(programs, sms * occ)
     resident = min(programs, sms * occ)  # CTAs running at once
     per_sm = _cdiv(resident, sms)  # CTAs sharing one SM's tensor cores
@@ -155,16 +168,26 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
         t_ld = instrs * per_sm / SYNC_LOAD_RATE
         t_lat = LATENCY_S / max(1, min(4, per_sm * warps // 4))
     t_step = _softmax(t_mma, t_l2, t_lat, t_ld)
-    persistent = variant in (PERSISTENT, TMA_PERSISTENT)
     if persistent:
         t_tile = k_iters * t_step + PERSISTENT_TILE_S
     else:
         t_tile = k_iters * t_step + LATENCY_S + TILE_OVERHEAD_S
+    spill = 1.0
     if acc_regs >= 256:  # the accumulator alone fills the register file: it spills
-        t_tile *= 4.0
+        spill = 4.0
     elif want_regs > 255:  # operands held in registers spill
-        t_tile *= 1.0 + 8.0 * (want_regs / 255.0 - 1.0)
-    if persistent:
+        spill = 1.0 + 8.0 * (want_regs / 255.0 - 1.0)
+    t_tile *= spill
+    if stream_k:
+        # whole tiles but the last wave and the tail, then runs of `per` K steps (the
+        # search_spaces.matmul stream_k_plan); a run meets up to three tiles; where tiles
+        # are shared, two fp32 partials written and one read back at one SM's share of L2
+        full = max(tiles // sms - 1, 0) * sms
+        per = max(_cdiv((tiles - full) * k_iters, sms), k_iters)
+        fix = (3 * bm * bn * 4 / (L2_BW / sms) + LATENCY_S) if tiles % sms else 0.0
+        t_grid = (full // sms * t_tile + per * t_step * spill + 2 * PERSISTENT_TILE_S + fix
+                  + LATENCY_S + TILE_OVERHEAD_S)
+    elif persistent:
         t_grid = _cdiv(tiles, sms) * t_tile + LATENCY_S + TILE_OVERHEAD_S
     else:
         t_grid = waves * t_tile

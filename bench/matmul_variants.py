@@ -2,9 +2,10 @@
 
 For each target problem, each listed config is checked against the space's constraints (on this
 device: its SM count, shared memory and compute capability), run once and verified against the
-fp32 reference, then timed with ``triton.testing.do_bench`` interleaved with ``torch.matmul`` in
-this one process (ratio = torch ms / config ms: above 1 the config is faster). A quick look, not
-the tuner's protocol: ``bench/targets.py`` tunes the same problems with the product.
+fp32 reference (stream_k's also launched 20 more times, each bit the same), then timed with
+``triton.testing.do_bench`` interleaved with ``torch.matmul`` in this one process (ratio = torch
+ms / config ms: above 1 the config is faster). A quick look, not the tuner's protocol:
+``bench/targets.py`` tunes the same problems with the product.
 
 Usage (on the GPU machine)::
 
@@ -27,7 +28,8 @@ from typing import Any
 _BIG = [("tma_persistent", 1, (128, 256, 64, 8, 8, 3)),
         ("tma_persistent", 1, (128, 128, 64, 8, 8, 4)),
         ("persistent", 1, (128, 256, 64, 8, 8, 3)), ("tiled", 1, (128, 256, 64, 8, 8, 3)),
-        ("tiled", 1, (128, 256, 32, 8, 8, 5))]
+        ("tiled", 1, (128, 256, 32, 8, 8, 5)), ("stream_k", 1, (128, 256, 64, 8, 8, 3)),
+        ("stream_k", 1, (128, 128, 64, 8, 4, 4)), ("stream_k", 1, (128, 128, 64, 8, 8, 4))]
 TARGETS: list[tuple[str, str, float, list[tuple[str, int, tuple[int, ...]]]]] = [
     ("M=4096,N=4096,K=4096", "float16", 0.95, _BIG),
     ("M=8192,N=8192,K=8192", "bfloat16", 0.95, _BIG),
@@ -113,6 +115,14 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
                 wrong += 1
                 log(f"  {config.key()}: WRONG ({check})")
                 continue
+            if variant == "stream_k":  # shared tiles: the same bits on every launch
+                first = inputs["out"].clone()
+                for _ in range(20):
+                    KERNEL.launch(config, inputs)
+                if not torch.equal(first, inputs["out"]):
+                    wrong += 1
+                    log(f"  {config.key()}: NOT DETERMINISTIC")
+                    continue
             rows.append(config)
             fns.append(lambda c=config, x=inputs: KERNEL.launch(c, x))
         if smoke:

@@ -1,0 +1,85 @@
+"""GPU timing that measures the GPU, not the Python that launches it.
+
+``triton.testing.do_bench`` records a start event, calls ``fn`` and records an end event,
+after an L2 flush (a 256 MB memset, ~60 us on an H200). The events time the GPU's stream from
+start to end, so if ``fn`` takes longer to *enqueue* than its kernels take to run, the stream
+waits on the host between the two events and the time is the host's: a kernel of two launches
+and two small allocations (softmax's split rows on 16 x 131,072: ~10 us of GPU work) read 14 us
+in one trial and 60-78 us in the others on the H200, with the compile pool's processes busy on
+the CPU, and a single-launch torch softmax beside it read a steady 31 us. The ranking of small,
+multi-launch configs then follows the host's load.
+
+``do_bench`` here is the same protocol (one call, an estimate of five, warm-up, then flushed
+and timed runs; the same quantiles) with one change: before each timed run's start event the
+stream also runs a spin kernel (``torch.cuda._sleep``) long enough to cover ``fn``'s host
+enqueue time (measured in the estimate: the slowest of five, doubled, plus 50 us), so the host is
+ahead of the GPU when the start event is reached and the events bracket only ``fn``'s kernels.
+The spin costs GPU time between timed runs, never inside them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: cycles a spin kernel runs per microsecond (an upper bound of the SM clock, so that a
+#: lower clock spins longer, never shorter than asked)
+SPIN_CYCLES_PER_US = 2100
+#: the spin's margin over twice the host's slowest enqueue time
+SPIN_MARGIN_US = 50.0
+#: the L2 flush's buffer, as triton.testing's (256 MB)
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def spin_cycles(host_us: Sequence[float]) -> int:
+    """The spin before a timed run: twice the slowest host enqueue time seen, plus a margin,
+    in cycles at ``SPIN_CYCLES_PER_US``."""
+    return int((2.0 * max(host_us, default=0.0) + SPIN_MARGIN_US) * SPIN_CYCLES_PER_US)
+
+
+def do_bench(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
+             quantiles: Sequence[float] = (0.2, 0.5, 0.8)) -> list[float]:
+    """``fn``'s GPU time in ms at ``quantiles``: warm-up for ``warmup`` ms, then timed runs
+    for ``rep`` ms, each after an L2 flush and a spin that lets the host get ahead."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    host_us: list[float] = []
+    gpu_ms: list[float] = []
+    flush_ms: list[float] = []
+    for _ in range(5):
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        cache.zero_()
+        mid.record()
+        t0 = time.perf_counter()
+        fn()
+        host_us.append((time.perf_counter() - t0) * 1e6)
+        end.record()
+        torch.cuda.synchronize()
+        flush_ms.append(start.elapsed_time(mid))
+        gpu_ms.append(mid.elapsed_time(end))
+    spin = spin_cycles(host_us)
+    fn_ms = statistics.median(gpu_ms)
+    # a timed run's cost on the stream: the flush, the spin and fn (the host stays ahead)
+    per_run_ms = statistics.median(flush_ms) + spin / SPIN_CYCLES_PER_US / 1e3 + fn_ms
+    # warm-up calls go back to back: each costs the larger of its GPU and host time
+    n_warmup = max(1, int(warmup / max(fn_ms, statistics.median(host_us) / 1e3, 1e-3)))
+    n_repeat = max(1, int(rep / per_run_ms))
+    for _ in range(n_warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    for i in range(n_repeat):
+        cache.zero_()
+        torch.cuda._sleep(spin)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+    return [float(v) for v in torch.quantile(times, torch.tensor(list(quantiles)))]

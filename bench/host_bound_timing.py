@@ -64,7 +64,7 @@ def main() -> int:
     from tuner.config import KernelConfig
 
     timers = {"triton": lambda fn: triton.testing.do_bench(fn, warmup=100, rep=args.rep_ms,
-                                                          quantiles=[0.5])[0],
+                                                          return_mode="median"),
               "gpu_timer": lambda fn: gpu_timer.do_bench(fn, warmup=100, rep=args.rep_ms,
                                                          quantiles=[0.5])[0]}
     fns: list[Callable[[], Any]] = []

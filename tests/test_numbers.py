@@ -27,6 +27,7 @@ from tuner.backends.replay import ReplayBackend, load_table, with_added_params
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
 from tuner.roofline import floor_ms, roofline
+from tuner.search import DEFAULT_STOP_MIN_TRIALS
 from tuner.worker import StoredBest, decide_best, execute_task, warm_start_configs
 
 TABLE = Path(__file__).resolve().parent / "data/replay/matmul_4096x4096x4096_float16_h200.json"
@@ -261,10 +262,13 @@ def test_the_floor_is_the_larger_limit_and_the_16_bit_peak_only_for_16_bit_dtype
     assert floor_ms(kernel, BIG, "float32", None, 712.0) is None
 
 
-def test_the_worker_stops_at_the_floor_from_the_one_roofline(any_db_url: str, table: Any):
+def test_the_worker_stops_at_the_floor_from_the_one_roofline(any_db_url: str, table: Any,
+                                                            monkeypatch: pytest.MonkeyPatch):
     """The device has only a matmul peak, set so that the floor is 97% of the table's best:
     the worker stops near the roofline (its old floor needed a copy bandwidth: none, and it
-    searched its whole budget)."""
+    searched its whole budget). The model's own stop is off here, so that only the roofline
+    can end the search before its budget."""
+    monkeypatch.setenv("TUNER_STOP_CHANCE", "0")
     factory = init_db(any_db_url)
     fp = ReplayBackend(table).fingerprint
     kernel = get_kernel("matmul")
@@ -278,6 +282,9 @@ def test_the_worker_stops_at_the_floor_from_the_one_roofline(any_db_url: str, ta
     _task, outcome = _replay_run(factory, table, trials=200)
     assert outcome.result.stop_reason == "near roofline"
     assert len(outcome.result.trials) < 200
+    # a compute ceiling (a vendor GEMM's measured speed) can be passed: the worker measures
+    # the model stop's minimum of trials before it stops there
+    assert len(outcome.result.trials) >= DEFAULT_STOP_MIN_TRIALS
 
 
 # -- 5. calibration with spread ----------------------------------------------------------------

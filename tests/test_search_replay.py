@@ -181,6 +181,19 @@ def test_the_roofline_stop_waits_for_a_confirming_retime(table):
     assert result.stop_reason == "near roofline" and trusting.retimed == []
 
 
+def test_the_roofline_stop_waits_for_its_minimum_of_trials(table):
+    """A compute ceiling (a vendor GEMM's speed) can be passed: with ``roofline_min_trials``
+    the search measures that many trials before the roofline may stop it."""
+    k = get_kernel("matmul")
+    options = SearchOptions(trials=48, seed=0, retime_rounds=0, floor_ms=table.best_ms * 0.97,
+                            roofline_stop=0.95, confirm_rounds=0)
+    early = run_search(k, table.shape, table.dtype, ReplayBackend(table), options)
+    assert early.stop_reason == "near roofline" and len(early.trials) < 16
+    waited = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                        replace(options, roofline_min_trials=16))
+    assert waited.stop_reason == "near roofline" and len(waited.trials) == 16
+
+
 def test_replay_returns_the_tables_baseline_only_when_it_holds_one(table):
     configs = [c for c, v in table.results.items() if isinstance(v, float)][:2]
     out = ReplayBackend(table).retime(configs, 3, baseline=True)

@@ -83,6 +83,10 @@ class SearchOptions:
     #: stop once the best reaches this fraction of the roofline (floor_ms / best_ms), as
     #: confirmed by re-timing it (``confirm_rounds`` interleaved rounds); None: never
     roofline_stop: float | None = None
+    #: trials measured before the roofline stop may end the search (the worker asks for the
+    #: model stop's minimum where the floor is a compute ceiling: a vendor GEMM's measured
+    #: speed, which a tuned kernel can pass)
+    roofline_min_trials: int = 0
     confirm_rounds: int = 3
     #: the stored best for this identity (the worker's): re-timed beside the finalists in the
     #: same process, so that a stored best is only replaced by a config measured faster under
@@ -236,7 +240,8 @@ class SearchLoop:
             return "converged"
         if self._expects_no_gain():
             return "no expected gain"
-        best = self.best() if o.floor_ms and o.roofline_stop else None
+        best = (self.best() if o.floor_ms and o.roofline_stop
+                and len(self.trials) >= o.roofline_min_trials else None)
         if best is not None and self._near_roofline(best):
             return "near roofline"
         if not self.backend.healthy:

@@ -76,6 +76,7 @@ def _timed(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
 def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
     import torch
 
+    from search_spaces import matmul as mm
     from search_spaces.matmul import KERNEL
     from tuner.kernel import output_check_of
     from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext
@@ -123,8 +124,12 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
                     wrong += 1
                     log(f"  {config.key()}: NOT DETERMINISTIC")
                     continue
-            rows.append(config)
+            rows.append(config.key())
             fns.append(lambda c=config, x=inputs: KERNEL.launch(c, x))
+            if variant == "stream_k" and not smoke:  # the same schedule, loads by pointers
+                rows.append(config.key() + " (pointer loads)")
+                fns.append(lambda c=config, x=inputs: mm.matmul(x["a"], x["b"], x["out"], c,
+                                                                 tma=False))
         if smoke:
             log(f"{shape_text} {dtype}: {len(rows)} configs right on the interpreter "
                 f"({'x'.join(map(str, shape.values()))} float16)")
@@ -132,7 +137,7 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
         ms = _timed([lambda x=inputs: KERNEL.baseline(x), *fns], rounds)
         log(f"{shape_text} {dtype} (target {target}x torch): torch {ms[0]:.4f} ms")
         for config, t in sorted(zip(rows, ms[1:], strict=True), key=lambda r: r[1]):
-            log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {config.key()}")
+            log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {config}")
     return 1 if wrong else 0
 
 

@@ -27,7 +27,7 @@ steps, for the fp32 workspace's round trip (written by the GEMM, read by a secon
 writes C); ``stream_k`` is persistent for all but the last wave and the tail, which it spreads
 evenly over the SMs as runs of K steps (the tiles over the SMs no longer quantised), for two fp32
 partial tiles written and one read back per program and a counter's round trip; it loads by TMA
-where tma_persistent could (its output goes out by pointers: no staging).
+where tma_persistent could (and then stores by TMA too, staging the output tile).
 
 Only the *order* it induces matters; its constants are round numbers of an H100/H200 class GPU
 (they were sanity-checked, not fitted, on the recorded H200 tables). Spaces without BLOCK_M/N/K or
@@ -121,7 +121,7 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     tma = variant == TMA_PERSISTENT or (stream_k and _stream_k_tma(ctx))
 
     # -- residency: CTAs per SM from shared memory, registers and threads
-    smem = max(1, stages * bk * (bm + bn) * e + (bm * bn * e if variant == TMA_PERSISTENT else 0))
+    smem = max(1, stages * bk * (bm + bn) * e + (bm * bn * e if tma else 0))
     # unaligned rows (K or N not a multiple of 16 bytes) load in narrower vectors; below 4 bytes
     # there is no asynchronous copy: tiles go through registers, a pipeline stage holds them
     # there, and the stages do not hide latency (warps do)

@@ -71,6 +71,11 @@ TMA_LATENCY = 0.7
 #: what a persistent program pays per tile after its first (the store, overlapped with the
 #: next tile's loads by the flattened loop), s
 PERSISTENT_TILE_S = 0.3e-6
+#: the speed of matmul stream_k's stream-K steps against its data-parallel ones: measured, not
+#: derived (H200, bench/results/matmul_variants_stream_k_tma_store_h200.txt: 128x256 tiles
+#: fit 0.63 on 3072^3 and 0.69 on 4096^3 against the TMA persistent kernel's waves; the cause
+#: is not found, bench/NOTES.md)
+STREAM_K_STEP_EFFICIENCY = 0.65
 #: a kernel launch on the same stream right after another (split-K's reduction), s
 LAUNCH_S = 2.5e-6
 #: soft maximum exponent: how sharply the slowest limit dominates the others
@@ -181,12 +186,13 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     if stream_k:
         # whole tiles but the last wave and the tail, then runs of `per` K steps (the
         # search_spaces.matmul stream_k_plan); a run meets up to three tiles; where tiles
-        # are shared, two fp32 partials written and one read back at one SM's share of L2
+        # are shared, two fp32 partials written and one read back at one SM's share of L2;
+        # the stream-K steps run at STREAM_K_STEP_EFFICIENCY of the others (measured)
         full = max(tiles // sms - 1, 0) * sms
         per = max(_cdiv((tiles - full) * k_iters, sms), k_iters)
         fix = (3 * bm * bn * 4 / (L2_BW / sms) + LATENCY_S) if tiles % sms else 0.0
-        t_grid = (full // sms * t_tile + per * t_step * spill + 2 * PERSISTENT_TILE_S + fix
-                  + LATENCY_S + TILE_OVERHEAD_S)
+        t_grid = (full // sms * t_tile + per * t_step * spill / STREAM_K_STEP_EFFICIENCY
+                  + 2 * PERSISTENT_TILE_S + fix + LATENCY_S + TILE_OVERHEAD_S)
     elif persistent:
         t_grid = _cdiv(tiles, sms) * t_tile + LATENCY_S + TILE_OVERHEAD_S
     else:

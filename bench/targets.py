@@ -194,13 +194,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated kernel names or issue "
                         "numbers (13, 14); default: every problem")
+    parser.add_argument("--shape", default="", help="only problems whose shape contains this "
+                        "text (e.g. M=3072)")
     parser.add_argument("--trials", type=int, default=None, help="trial cap (default: the "
                         "CLI's)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
-    problems = [p for p in PROBLEMS if not wanted or p.kernel in wanted
-                or str(p.issue) in wanted]
+    problems = [p for p in PROBLEMS if (not wanted or p.kernel in wanted
+                                        or str(p.issue) in wanted) and args.shape in p.shape]
     import torch
     import triton
 

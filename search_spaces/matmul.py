@@ -248,6 +248,58 @@ def _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
 
 
 @triton.jit
+def _fix_up(t, mine, other, c_dst, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, stride_cn, full,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+            USE_TMA: tl.constexpr):
+    """A shared stream-K tile ``t`` whose partial this run wrote to slot ``mine``: the second
+    of its two runs to arrive adds both partials (``other``: the other run's slot) and stores
+    C (a + b is b + a bit for bit: deterministic), and sets the counter back to 0."""
+    arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+    if arrived == 1:
+        tl.debug_barrier()
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        acc = tl.load(ws_ptr + mine.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                      cache_modifier=".cg")
+        acc += tl.load(ws_ptr + other.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                       cache_modifier=".cg")
+        pid_m, pid_n = tile_coords(full + t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M,
+                 BLOCK_N, USE_TMA)
+        tl.store(cnt_ptr + t, 0)
+
+
+@triton.jit
+def _finish_tile(acc, whole, t, first_t, start, per, k_tiles, c_dst, c_ptr, ws_ptr, cnt_ptr, M,
+                 N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """stream_k's end of a run's share of stream-K tile ``t``: stored if the run covered it
+    whole; else the fp32 partial goes to the run's slot (0 for its first tile, 1 for its
+    last), and the second of the tile's two runs to arrive adds the other's partial and
+    stores C. The partial's offsets (a BLOCK_M x BLOCK_N int32 tensor: 128 registers a thread
+    at 128x256 on 8 warps) are made here, where they are used."""
+    if whole:
+        _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M,
+                 BLOCK_N, USE_TMA)
+    else:
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        mine = 2 * start + tl.where(t == first_t, 0, 1)
+        tl.store(ws_ptr + mine.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+        # every thread's partial is written before one thread releases the counter
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+        if arrived == 1:
+            tl.debug_barrier()
+            # the run that ends in tile t (slot 1) and the next one (slot 0)
+            first_p = (t * k_tiles) // per
+            other = tl.where(start == first_p, 2 * first_p + 2, 2 * first_p + 1)
+            acc += tl.load(ws_ptr + other.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                           cache_modifier=".cg")
+            _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M,
+                     BLOCK_N, USE_TMA)
+            tl.store(cnt_ptr + t, 0)
+
+
+@triton.jit
 def _matmul_stream_k_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -298,46 +350,58 @@ def _matmul_stream_k_kernel(
     it = start * per
     it_end = tl.minimum(it + per, sk_steps)
     first_t = it // k_tiles
-    # A run of per <= 2 * k_tiles steps meets at most three tiles. Unrolled, so that the
-    # partial tile's offsets (a BLOCK_M x BLOCK_N int32 tensor: 128 registers a thread at
-    # 128x256 on 8 warps) are computed where they are used, not hoisted out of a loop and
-    # held beside the accumulator through the K loop (on the H200 the rolled loop ran the
-    # stream-K part ~40% slower than the data-parallel one: 4096^3 in 128x256 tiles, stream_k
-    # 0.254 ms against persistent's 0.198).
-    for _piece in tl.static_range(3):
-        if it < it_end:
-            t = it // k_tiles
-            k_first = it - t * k_tiles
-            k_stop = tl.minimum(it_end - t * k_tiles, k_tiles)
+    if USE_TMA:
+        # One loop over the run's K steps, a tile's store or partial in it where the tile or
+        # the run ends: a single software-pipelined loop (the next tile's first loads are in
+        # flight while a tile is finished), where a K loop a piece paid a pipeline fill and
+        # drain for each of up to three pieces (Triton's loop flattening cannot fuse loops
+        # whose K bounds vary from piece to piece).
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for step in tl.range(it, it_end):
+            t = step // k_tiles
+            ki = step - t * k_tiles
             pid_m, pid_n = tile_coords(full + t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            if USE_TMA:
-                acc = _tma_steps_dot(a_src, b_src, pid_m, pid_n, k_first, k_stop - k_first,
-                                     BLOCK_M, BLOCK_N, BLOCK_K)
-            else:
+            a = a_src.load([pid_m * BLOCK_M, ki * BLOCK_K])
+            b = b_src.load([ki * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+            if (ki == k_tiles - 1) | (step == it_end - 1):
+                if (ki == k_tiles - 1) & (t * k_tiles >= it):
+                    _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
+                             BLOCK_M, BLOCK_N, USE_TMA)
+                else:
+                    # a shared tile's partial, to this run's slot (0: its first tile, 1: its
+                    # last); the counters come after the loop: a barrier in the loop would
+                    # keep Triton from pipelining it
+                    offs = (tl.arange(0, BLOCK_M)[:, None] * BLOCK_N
+                            + tl.arange(0, BLOCK_N)[None, :])
+                    mine = 2 * start + tl.where(t == first_t, 0, 1)
+                    tl.store(ws_ptr + mine.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # every thread's partials are written before one thread releases a counter
+        tl.debug_barrier()
+        if it < it_end:
+            if it % k_tiles != 0:  # the first tile, begun by the previous run
+                _fix_up(first_t, 2 * start, 2 * start - 1, c_dst, c_ptr, ws_ptr, cnt_ptr, M, N,
+                        stride_cm, stride_cn, full, BLOCK_M, BLOCK_N, GROUP_M, USE_TMA)
+            if it_end % k_tiles != 0:  # the last tile, ended by the next run
+                _fix_up((it_end - 1) // k_tiles, 2 * start + 1, 2 * start + 2, c_dst, c_ptr,
+                        ws_ptr, cnt_ptr, M, N, stride_cm, stride_cn, full, BLOCK_M, BLOCK_N,
+                        GROUP_M, USE_TMA)
+    else:
+        # A run of per <= 2 * k_tiles steps meets at most three tiles: a K loop each.
+        for _piece in tl.static_range(3):
+            if it < it_end:
+                t = it // k_tiles
+                k_first = it - t * k_tiles
+                k_stop = tl.minimum(it_end - t * k_tiles, k_tiles)
+                pid_m, pid_n = tile_coords(full + t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
                 acc = tile_dot(a_src, b_src, M, N, K, stride_am, stride_ak, stride_bk,
                                stride_bn, pid_m, pid_n, k_first.to(tl.int64), k_stop - k_first,
                                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-            if (k_first == 0) & (k_stop == k_tiles):
-                _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M,
-                         BLOCK_N, USE_TMA)
-            else:
-                offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                mine = 2 * start + tl.where(t == first_t, 0, 1)
-                tl.store(ws_ptr + mine.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
-                # every thread's partial is written before one thread releases the counter
-                tl.debug_barrier()
-                arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-                if arrived == 1:
-                    tl.debug_barrier()
-                    # the run that ends in tile t (slot 1) and the next one (slot 0)
-                    first_p = (t * k_tiles) // per
-                    other = tl.where(start == first_p, 2 * first_p + 2, 2 * first_p + 1)
-                    acc += tl.load(ws_ptr + other.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
-                                   cache_modifier=".cg")
-                    _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
-                             BLOCK_M, BLOCK_N, USE_TMA)
-                    tl.store(cnt_ptr + t, 0)
-            it = (t + 1) * k_tiles
+                _finish_tile(acc, (k_first == 0) & (k_stop == k_tiles), t, first_t, start, per,
+                             k_tiles, c_dst, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, stride_cn,
+                             pid_m, pid_n, BLOCK_M, BLOCK_N, USE_TMA)
+                it = (t + 1) * k_tiles
 
 
 #: The VARIANT parameter's values. Config values are ints (KernelConfig, the store, the API),

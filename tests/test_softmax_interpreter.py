@@ -69,20 +69,6 @@ def test_the_split_chunks_cover_the_row_in_aligned_pieces():
         assert chunk % 16 == 0 and (split - 1) * chunk < n + chunk and split * chunk >= n
 
 
-@pytest.mark.parametrize("config", [cfg(1024), cfg(64, warps=2, stages=2), cfg(128, split=4)],
-                         ids=["one-pass", "two-pass", "split"])
-@pytest.mark.parametrize("dtype,scale", [("float32", 1e4), ("float16", 6e4)])
-def test_softmax_survives_large_magnitudes(config, dtype, scale):
-    # exp of the raw values would overflow fp32: the running max keeps them in range
-    inputs = K.make_inputs({"M": 2, "N": 600}, dtype, "cpu", seed=0)
-    x = inputs["x"].float()
-    inputs["x"] = (x / x.abs().amax(dim=1, keepdim=True) * scale).to(inputs["x"].dtype)
-    out = run(config, inputs)
-    assert torch.isfinite(out).all()
-    tol = K.tolerance(dtype)
-    torch.testing.assert_close(out.float(), K.reference(inputs), atol=tol.atol, rtol=tol.rtol)
-
-
 def test_mismatched_tensors_are_refused():
     x = torch.randn(4, 32)
     with pytest.raises(ValueError):

@@ -80,10 +80,12 @@ def test_a_persistent_grid_takes_more_rows_than_programs():
     assert torch.allclose(out.float().sum(dim=1), torch.ones(11), atol=2e-3)
 
 
-@pytest.mark.parametrize("config", [cfg(64, stages=3, evict=1), cfg(1024, warps=32),
+@pytest.mark.parametrize("config", [cfg(64, stages=3, evict=1), cfg(64, warps=2, stages=2),
+                                    cfg(1024), cfg(1024, warps=32),
                                     cfg(64, stages=2, per_sm=1),
-                                    cfg(128, split=4, stages=1, evict=1)],
-                         ids=["pipelined", "one-block", "persistent", "split"])
+                                    cfg(128, split=4, stages=1, evict=1), cfg(128, split=4)],
+                         ids=["pipelined", "two-pass", "one-pass", "one-block-32w", "persistent",
+                              "split-evict", "split"])
 @pytest.mark.parametrize("dtype,scale", [("float32", 1e4), ("float16", 6e4)])
 def test_variants_survive_large_magnitudes(config, dtype, scale):
     # exp of the raw values would overflow; the scaled max's rounding must cancel (it is

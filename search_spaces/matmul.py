@@ -412,11 +412,23 @@ def stream_k_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
                and t.data_ptr() % 16 == 0 for t in (a, b, out)) and e == out.element_size()
 
 
+def tma_unavailable(ctx: ProblemContext) -> str | None:
+    """Why the problem cannot use tensor-descriptor (TMA) loads, row alignment aside (None
+    when it can): this Triton's descriptors, sm_90+, 16-bit inputs (fp32's TF32 wgmma wants B
+    K-major; ours is N-major). The TMA variants of matmul and moe_gemm share it."""
+    if not HAS_TENSOR_DESCRIPTORS:
+        return f"Triton {triton.__version__} has no tl.make_tensor_descriptor"
+    if ctx.capability < 90:
+        return f"TMA needs compute capability 9.0 or newer (the device has {ctx.capability})"
+    if ctx.dtype not in ("float16", "bfloat16"):
+        return f"tma_persistent is for 16-bit inputs, not {ctx.dtype}"
+    return None
+
+
 def stream_k_tma_problem(ctx: ProblemContext) -> bool:
     """``stream_k_tma`` from the problem alone (contiguous fresh inputs, as the tuner makes)."""
     e = ctx.elem_bytes
-    return (HAS_TENSOR_DESCRIPTORS and ctx.capability >= 90
-            and ctx.dtype in ("float16", "bfloat16")
+    return (tma_unavailable(ctx) is None
             and (ctx.shape["K"] * e) % 16 == 0 and (ctx.shape["N"] * e) % 16 == 0)
 
 
@@ -612,13 +624,8 @@ def persistent_constraint(config: KernelConfig, ctx: ProblemContext) -> str | No
             return f"{tiles} tiles fit on {ctx.sm_count} SMs: persistent is the tiled kernel"
     if variant != TMA_PERSISTENT:
         return None
-    if not HAS_TENSOR_DESCRIPTORS:
-        return f"Triton {triton.__version__} has no tl.make_tensor_descriptor"
-    if ctx.capability < 90:
-        return f"TMA needs compute capability 9.0 or newer (the device has {ctx.capability})"
-    if ctx.dtype not in ("float16", "bfloat16"):
-        # fp32 (TF32) wgmma wants B K-major; ours is N-major
-        return f"tma_persistent is for 16-bit inputs, not {ctx.dtype}"
+    if why := tma_unavailable(ctx):
+        return why
     e = ctx.elem_bytes
     for dim, row in (("K", ctx.shape["K"] * e), ("N", ctx.shape["N"] * e)):
         if row % 16:

@@ -48,13 +48,13 @@ import triton.language as tl
 
 from search_spaces import matmul as matmul_module
 from search_spaces.matmul import (
-    HAS_TENSOR_DESCRIPTORS,
     even_k,
     num_sms,
     set_tma_allocator,
     tile_accumulator_registers,
     tile_coords,
     tile_shared_memory,
+    tma_unavailable,
     variant_of,  # VARIANT, or tiled (0, as here) without one: moe_gemm's configs have none
 )
 from tuner.config import KernelConfig
@@ -351,12 +351,8 @@ def _variant_constraint(config: KernelConfig, ctx: ProblemContext) -> str | None
                     "kernel")
     if variant != TMA_PERSISTENT:
         return None
-    if not HAS_TENSOR_DESCRIPTORS:
-        return f"Triton {triton.__version__} has no tl.make_tensor_descriptor"
-    if ctx.capability < 90:
-        return f"TMA needs compute capability 9.0 or newer (the device has {ctx.capability})"
-    if ctx.dtype not in ("float16", "bfloat16"):
-        return f"tma_persistent is for 16-bit inputs, not {ctx.dtype}"
+    if why := tma_unavailable(ctx):
+        return why
     row = ctx.shape["K"] * ctx.elem_bytes
     if row % 16:
         return f"TMA needs 16-byte aligned weight rows (K x {ctx.elem_bytes} B = {row} B)"

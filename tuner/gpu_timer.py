@@ -3,11 +3,13 @@
 ``triton.testing.do_bench`` records a start event, calls ``fn`` and records an end event,
 after an L2 flush (a 256 MB memset, ~60 us on an H200). The events time the GPU's stream from
 start to end, so if ``fn`` takes longer to *enqueue* than its kernels take to run, the stream
-waits on the host between the two events and the time is the host's: a kernel of two launches
-and two small allocations (softmax's split rows on 16 x 131,072: ~10 us of GPU work) read 14 us
-in one trial and 60-78 us in the others on the H200, with the compile pool's processes busy on
-the CPU, and a single-launch torch softmax beside it read a steady 31 us. The ranking of small,
-multi-launch configs then follows the host's load.
+waits on the host between the two events and the time is the host's. This timer rules that
+out. Why it was written: a split-row softmax on 16 x 131,072 (two launches and two small
+allocations, ~10 us of GPU work) read 14 us in one trial and 60-78 us in the others on the
+H200 while a single-launch torch softmax read a steady 31 us. A probe with 16 processes
+spinning on the CPU did not reproduce those readings (both timers agreed within 4%,
+bench/results/host_bound_timing_h200.md), so their cause is not known; a host-bound timing
+is only ruled out here, not shown to have been it.
 
 ``do_bench`` here is the same protocol (one call, an estimate of five, warm-up, then flushed
 and timed runs; the same quantiles) with one change: before each timed run's start event the

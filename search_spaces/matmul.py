@@ -239,8 +239,8 @@ def _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
     """stream_k's store of a finished tile: by C's tensor descriptor (TMA) or by pointers.
     The descriptor's store needs no BLOCK_M x BLOCK_N int64 address tensor: with pointer
-    stores the TMA kernel spilled (sm_90 compiles: 768 B of stack at 128x256 on 8 warps,
-    none with the descriptor)."""
+    stores the TMA kernel spilled (sm_90 compiles, bench/results/sm90_resources_stream_k.md:
+    960 B of stack at 128x256 on 8 warps, none with the descriptor)."""
     if USE_TMA:
         c_dst.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
     else:

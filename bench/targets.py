@@ -129,6 +129,27 @@ def measure_peaks() -> tuple[float | None, float | None]:
     return copy, gemm
 
 
+def measure_launch_us() -> float:
+    """One launch of a one-program Triton kernel that stores a single value, timed as the
+    measuring child times a config (``tuner.gpu_timer.do_bench``: L2 flushed, the host ahead
+    of the GPU), in microseconds: the least any single-launch kernel can read, the practical
+    floor under a bandwidth floor of a few microseconds."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from tuner.gpu_timer import do_bench
+
+    @triton.jit
+    def _one_store(ptr):
+        tl.store(ptr, 1)
+
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    return statistics.median(
+        1e3 * do_bench(lambda: _one_store[(1,)](flag), warmup=25, rep=100)[1]
+        for _ in range(3))
+
+
 def tune(problem: Problem, trials: int | None) -> dict[str, Any]:
     """One ``tuner tune`` run in a fresh database; its summary, wall time and trials."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,6 +228,7 @@ def main() -> int:
     import triton
 
     copy_tbs, gemm_tflops = measure_peaks()
+    launch_us = measure_launch_us()
     torch.cuda.empty_cache()
     lines = ["# Kernel families tuned by the product against torch (H200)", "",
              f"Command: `python3 -m bench.targets {' '.join(sys.argv[1:])}`", "",
@@ -214,7 +236,8 @@ def main() -> int:
              f"{torch.__version__}, {time.strftime('%Y-%m-%d')}, timing protocol "
              f"{os.environ.get('TUNER_TIMING_PROTOCOL', 'settled')}. Peaks measured here "
              f"first: copy {_fmt(copy_tbs, '.2f')} TB/s (read + write), cuBLAS bf16 8192^3 "
-             f"{_fmt(gemm_tflops, '.0f')} TFLOP/s.", "",
+             f"{_fmt(gemm_tflops, '.0f')} TFLOP/s; one launch of a one-program kernel "
+             f"{launch_us:.2f} us (the measuring child's timer).", "",
              "Each problem: `tuner tune KERNEL --shape S --dtype D --backend cuda --json` in a "
              "fresh database; tuned ms is the re-timed best, torch ms the kernel's baseline "
              "timed interleaved with the finalists in the same child; result = torch time / "
@@ -233,7 +256,8 @@ def main() -> int:
     text = "\n".join(lines + ["", *notes]) + "\n"
     Path(args.out).write_text(text)
     Path(args.out).with_suffix(".json").write_text(json.dumps(
-        {"copy_tbs": copy_tbs, "gemm_tflops": gemm_tflops, "results": results}, indent=1,
+        {"copy_tbs": copy_tbs, "gemm_tflops": gemm_tflops, "launch_us": launch_us,
+         "results": results}, indent=1,
         default=str))
     print(text)
     return 0

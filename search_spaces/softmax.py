@@ -26,7 +26,12 @@ Split rows (``SPLIT > 1``): a long row on few programs leaves SMs idle (16 rows 
 programs on 132 SMs). Then ``SPLIT`` programs share a row, each a chunk of it: a first kernel
 writes each chunk's scaled max and sum to a small fp32 workspace, a second combines the row's
 partials in a fixed order (deterministic) and writes its chunk (read again, from L2 when the
-matrix fits there).
+matrix fits there). ``SYNC`` = 1 does both in one launch: each program publishes its chunk's
+partials, counts itself in at its row's counter and waits there until the row's ``SPLIT``
+programs are in, then combines and writes, from registers where its chunk is one block. A
+program waits on others, so the grid must be resident at once: at most one program an SM
+(the ``_sync`` constraint). Triton's CPU interpreter runs programs one after another and can
+never pass such a wait, so there a SYNC config runs the same math in the two launches.
 
 Rows whose length is not a multiple of 16 bytes (50,257 columns) start at unaligned addresses:
 a block that starts at the row's first element cannot be loaded 16 bytes at a time. Every
@@ -40,6 +45,7 @@ Same three layers as ``matmul``: the ``@triton.jit`` kernels -> ``softmax`` (the
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -288,6 +294,57 @@ def _softmax_split_write_kernel(x_ptr, out_ptr, part_max_ptr, part_sum_ptr, N, s
                 EVICT)
 
 
+@triton.jit
+def _softmax_split_sync_kernel(x_ptr, out_ptr, part_max_ptr, part_sum_ptr, arrive_ptr, N,
+                               stride, CHUNK, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                               ONE_BLOCK: tl.constexpr, VEC: tl.constexpr,
+                               STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """Split rows in one launch (the whole grid resident: one program an SM at most). Each
+    program publishes its chunk's partials, counts itself in at ``arrive_ptr[row]`` and waits
+    until the row's SPLIT programs are in; then combines them as the two-launch write kernel
+    does (same order, same result) and writes its chunk: from registers when the chunk is one
+    block (ONE_BLOCK), else read again (from L2). Leaving, each counts itself again; the last
+    of the row (count 2 * SPLIT - 1) sets the counter back to 0 for the stream's next launch."""
+    row, lo_al, hi_al, ends, ends_mask = _chunk(N, stride, CHUNK, SPLIT, VEC)
+    pid = tl.program_id(0)
+    if ONE_BLOCK:
+        offs = lo_al + tl.arange(0, BLOCK_N)
+        mask = offs < hi_al
+        x = tl.load(x_ptr + offs, mask=mask, other=NEG_INF).to(tl.float32)
+        e = tl.load(x_ptr + ends, mask=ends_mask, other=NEG_INF).to(tl.float32)
+        chunk_c = tl.maximum(tl.max(x, 0), tl.max(e, 0)) * LOG2E
+        total = tl.sum(_exp_from(x, chunk_c), 0) + tl.sum(_exp_from(e, chunk_c), 0)
+    else:
+        chunk_c, total = _span_stats(x_ptr, lo_al, hi_al, ends, ends_mask, BLOCK_N, STAGES,
+                                     EVICT)
+    tl.store(part_max_ptr + pid, chunk_c)
+    tl.store(part_sum_ptr + pid, total)
+    # every thread's stores before the count (the barrier, then the release at GPU scope)
+    tl.debug_barrier()
+    tl.atomic_add(arrive_ptr + row, 1, sem="release", scope="gpu")
+    while tl.atomic_add(arrive_ptr + row, 0, sem="acquire", scope="gpu") < SPLIT:
+        pass
+    tl.debug_barrier()
+    parts = row * SPLIT + tl.arange(0, SPLIT)
+    # volatile: the partials were written by other SMs (no stale L1 line)
+    scaled = tl.load(part_max_ptr + parts, volatile=True)
+    row_c = tl.max(scaled, 0)
+    row_total = tl.sum(tl.load(part_sum_ptr + parts, volatile=True) * tl.exp2(scaled - row_c),
+                       0)
+    if ONE_BLOCK:
+        inv = 1.0 / row_total
+        tl.store(out_ptr + offs, (_exp_from(x, row_c) * inv).to(out_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(out_ptr + ends, (_exp_from(e, row_c) * inv).to(out_ptr.dtype.element_ty),
+                 mask=ends_mask)
+    else:
+        _span_write(x_ptr, out_ptr, lo_al, hi_al, ends, ends_mask, row_c, row_total, BLOCK_N,
+                    STAGES, EVICT)
+    left = tl.atomic_add(arrive_ptr + row, 1, sem="relaxed", scope="gpu")
+    if left == 2 * SPLIT - 1:
+        tl.atomic_xchg(arrive_ptr + row, 0, sem="relaxed", scope="gpu")
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -334,6 +391,16 @@ def _run(x: torch.Tensor, out: torch.Tensor, config: KernelConfig, warmup: bool)
     part_max = torch.empty(M * split, device=x.device, dtype=torch.float32)
     part_sum = torch.empty_like(part_max)
     meta = {**common, "SPLIT": split}
+    if _sync_of(config) and not _interpreting(x):
+        sync_args = (x, out, part_max, part_sum, _arrive_counters(x.device, M), N,
+                     x.stride(0), chunk)
+        sync_meta = {**meta, "ONE_BLOCK": int(block >= chunk)}
+        if warmup:
+            _softmax_split_sync_kernel.warmup(*sync_args, **sync_meta, **opts,
+                                              grid=(M * split,))
+        else:
+            _softmax_split_sync_kernel[(M * split,)](*sync_args, **sync_meta, **opts)
+        return
     first = (x, part_max, part_sum, N, x.stride(0), chunk)
     second = (x, out, part_max, part_sum, N, x.stride(0), chunk)
     if warmup:
@@ -342,6 +409,28 @@ def _run(x: torch.Tensor, out: torch.Tensor, config: KernelConfig, warmup: bool)
     else:
         _softmax_partials_kernel[(M * split,)](*first, **meta, **opts)
         _softmax_split_write_kernel[(M * split,)](*second, **meta, **opts)
+
+
+#: SYNC's row counters, one zeroed int32 tensor per (device, stream): every launch leaves its
+#: rows' counters at 0 again, and launches on one stream run in order, so a stream's next
+#: launch finds them zeroed (two streams never share one)
+_ARRIVE: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _arrive_counters(device: torch.device, rows: int) -> torch.Tensor:
+    """This stream's zeroed row counters, at least ``rows`` of them (grown by replacing)."""
+    stream = torch.cuda.current_stream(device)
+    key = (stream.device_index, stream.cuda_stream)
+    counters = _ARRIVE.get(key)
+    if counters is None or counters.numel() < rows:
+        counters = torch.zeros(max(rows, 256), device=device, dtype=torch.int32)
+        _ARRIVE[key] = counters
+    return counters
+
+
+def _interpreting(x: torch.Tensor) -> bool:
+    """Triton's CPU interpreter (tensors on the CPU): it runs programs one after another."""
+    return x.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor, config: KernelConfig) -> None:
@@ -361,6 +450,11 @@ def _split_of(config: KernelConfig) -> int:
     return config.get("SPLIT", 1)
 
 
+def _sync_of(config: KernelConfig) -> int:
+    """The config's SYNC; 0 (two launches) for a config from before the parameter."""
+    return config.get("SYNC", 0)
+
+
 def _evict_of(config: KernelConfig) -> int:
     """The config's EVICT; 1 (the hints every config had) for one from before the parameter."""
     return config.get("EVICT", 1)
@@ -372,9 +466,13 @@ def _per_sm_of(config: KernelConfig) -> int:
 
 
 def _two_pass(config: KernelConfig, ctx: ProblemContext) -> bool:
-    """Whether the config reads x twice: split rows always do (two kernels), whole rows when
-    a row is wider than one column block."""
-    return _split_of(config) > 1 or config["BLOCK_N"] < ctx.shape["N"]
+    """Whether the config reads x twice: a span (a whole row, or a split row's chunk) wider
+    than one column block, or split rows in two launches (the second reads its chunk again);
+    one launch (SYNC) keeps a one-block chunk in registers."""
+    split = _split_of(config)
+    if split > 1 and not _sync_of(config):
+        return True
+    return config["BLOCK_N"] < split_chunk(ctx.shape["N"], split)
 
 
 def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
@@ -411,6 +509,21 @@ def _split(config: KernelConfig, ctx: ProblemContext) -> str | None:
     if _cdiv(n, split) < MIN_SPLIT_CHUNK:
         return (f"SPLIT={split} leaves chunks of {_cdiv(n, split)} columns (under "
                 f"{MIN_SPLIT_CHUNK})")
+    return None
+
+
+def _sync(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """One launch (SYNC) only for split rows (only they wait on other programs), and only
+    where the grid of M * SPLIT programs is resident at once, one an SM at most: a program
+    waiting on one that cannot start would wait for ever."""
+    if not _sync_of(config):
+        return None
+    split, m = _split_of(config), ctx.shape["M"]
+    if split == 1:
+        return "SYNC=1 combines a split row's chunks in one launch: it needs SPLIT > 1"
+    if m * split > ctx.sm_count:
+        return (f"SYNC=1 needs its M * SPLIT = {m * split} programs resident at once: at most "
+                f"one an SM ({ctx.sm_count})")
     return None
 
 
@@ -462,6 +575,9 @@ EVICT_L2_GAIN = 1.3
 #: took 0.84-0.88 ms on 8192 x 50257 (4.1e8 elements) at every block size, warp count and
 #: occupancy of its 405-config table (tests/data/replay/nongemm): bound by issue, not HBM
 ISSUE_RATE = 1.6e13
+#: what one launch's wait at the row counters adds (SYNC): an atomic's round trip to L2 and
+#: back for the last program in, and the spinning programs' polls; a guess
+SYNC_S = 1e-6
 #: the part of the smaller of memory and arithmetic time that one program an SM adds to the
 #: larger: it loads, then computes (other SMs' loads fill HBM meanwhile); a guess
 LONE_PROGRAM = 0.3
@@ -514,8 +630,8 @@ def estimated_seconds(config: KernelConfig, ctx: ProblemContext) -> float:
     else:
         programs = m * split
         live = min(resident, _cdiv(programs, sms))
-        reread = _reread(matrix, evict)
-        launches = 2
+        reread = _reread(matrix, evict) if two_pass else 0.0
+        launches = 1 if _sync_of(config) else 2
     in_flight: float
     if pipelined:
         in_flight = (config["num_stages"] - 1) * block * elem
@@ -529,16 +645,20 @@ def estimated_seconds(config: KernelConfig, ctx: ProblemContext) -> float:
     memory = (2 + reread) * matrix / (COPY_BANDWIDTH * efficiency) * quantised
     compute = m * n * _instructions(config, ctx, per_thread) / ISSUE_RATE * quantised
     overlap = max(memory, compute) + (LONE_PROGRAM * min(memory, compute) if live == 1 else 0.0)
-    return LAUNCH_S + NEXT_LAUNCH_S * (launches - 1) + overlap + PROGRAM_S * programs / sms
+    barrier = SYNC_S if _sync_of(config) else 0.0
+    return (LAUNCH_S + NEXT_LAUNCH_S * (launches - 1) + barrier + overlap
+            + PROGRAM_S * programs / sms)
 
 
 def _config(block: int, span: int, rows: int = 1, split: int = 1, warps: int = 4,
-            stages: int = 1, per_sm: int = 0, evict: int = 1) -> KernelConfig:
+            stages: int = 1, per_sm: int = 0, evict: int = 1, sync: int = 0) -> KernelConfig:
     """A config with what its variant does not use set as the space requires: one block a
-    span pipelines nothing (num_stages 1) and, for whole rows, reads x once (EVICT 0)."""
+    span pipelines nothing (num_stages 1) and, where x is read once (whole rows, or split
+    rows in one launch, in one block), no cache hints (EVICT 0)."""
     looped = block < span
+    twice = looped or (split > 1 and not sync)
     return KernelConfig(BLOCK_N=block, ROWS=rows, SPLIT=split, PROGRAMS_PER_SM=per_sm,
-                        EVICT=evict if looped or split > 1 else 0, num_warps=warps,
+                        EVICT=evict if twice else 0, SYNC=sync, num_warps=warps,
                         num_stages=stages if looped else 1)
 
 
@@ -566,10 +686,11 @@ class SoftmaxKernel:
                 Param.pow2("SPLIT", 1, 64),
                 Param.ints("PROGRAMS_PER_SM", (0, 1, 2, 4)),
                 Param.ints("EVICT", (0, 1)),
+                Param.ints("SYNC", (0, 1)),
                 Param.pow2("num_warps", 1, 32),
                 Param.ints("num_stages", (1, 2, 3, 4)),
             ),
-            constraints=(_redundant_block, _split, _registers, _persistent, _smem),
+            constraints=(_redundant_block, _split, _sync, _registers, _persistent, _smem),
         )
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
@@ -611,6 +732,8 @@ class SoftmaxKernel:
                 block = min(16384, max(64, next_pow2(chunk)))
                 for warps in (4, 8, 16):
                     configs.append(_config(block, chunk, split=split, warps=warps))
+                    # one launch, where the grid is resident at once (the filter below)
+                    configs.append(_config(block, chunk, split=split, warps=warps, sync=1))
                 if block >= 4096:  # a long chunk: four blocks, pipelined
                     configs.append(_config(block // 4, chunk, split=split, warps=4,
                                            stages=3))

@@ -177,3 +177,56 @@ def test_the_prior_prefers_loads_in_flight_and_rows_that_fit_in_l2():
     floor = 2 * 8192 * 50257 * 2 / 4.27e12 * 1e3
     assert all(ms(c) > floor for c in known_good_first(K, vocab.shape, "bfloat16"))
     assert math.isfinite(ms(cfg(65536, warps=32)))
+
+
+def sync_cfg(block, split, warps=8, stages=1, evict=0):
+    return KernelConfig({**cfg(block, split=split, warps=warps, stages=stages, evict=evict),
+                         "SYNC": 1})
+
+
+def test_one_launch_split_rows_need_a_split_and_a_grid_resident_at_once():
+    """SYNC's programs wait for their row's others: only split rows have others, and every
+    program of the grid must be able to run at once (one an SM), or the wait never ends."""
+    space = K.space()
+    long = ProblemContext({"M": 16, "N": 131072}, "float16")
+    assert space.violation(sync_cfg(16384, 8), long) is None  # 128 programs on 132 SMs
+    assert "SPLIT > 1" in space.violation(sync_cfg(16384, 1, warps=32), long)
+    assert "M * SPLIT = 256 programs resident at once" in space.violation(
+        sync_cfg(8192, 16), long)
+    small_gpu = ProblemContext({"M": 16, "N": 131072}, "float16", sm_count=108)
+    assert "at most one an SM (108)" in space.violation(sync_cfg(16384, 8), small_gpu)
+    # a one-block chunk is read once (held in registers across the wait): no cache hints;
+    # a chunk of several blocks is read again and may have them
+    assert "EVICT only steers" in space.violation(sync_cfg(16384, 8, evict=1), long)
+    assert space.violation(sync_cfg(4096, 8, warps=4, stages=3, evict=1), long) is None
+    old = cfg(16384, split=8, warps=8, evict=1)  # a stored config from before SYNC
+    assert space.violation(old, long) is None
+
+
+@pytest.mark.parametrize("shape", [{"M": 3, "N": 5000}, {"M": 1, "N": 2049}],
+                         ids=lambda s: "x".join(map(str, s.values())))
+@pytest.mark.parametrize("config", [sync_cfg(2048, 2, warps=4),
+                                    sync_cfg(512, 4, warps=4, stages=3, evict=1)],
+                         ids=lambda c: c.key())
+def test_one_launch_configs_give_the_two_launch_result_on_the_interpreter(shape, config):
+    """The interpreter runs programs one after another, so no program could pass SYNC's
+    wait: there a SYNC config runs the same chunks and combine in the two launches, and a
+    search on the CPU that picks one still gets the right softmax."""
+    inputs = K.make_inputs(shape, "float16", "cpu", seed=5)
+    got = run(config, inputs)
+    two = run(KernelConfig({**config, "SYNC": 0}), inputs)
+    assert torch.equal(got, two)
+    tol = K.tolerance("float16")
+    torch.testing.assert_close(got.float(), K.reference(inputs), atol=tol.atol, rtol=tol.rtol)
+
+
+def test_the_prior_ranks_one_launch_above_two_for_few_long_rows():
+    """16 x 131072: one launch without the second read of a one-block chunk is priced under
+    the same split in two launches; the known-good configs hold both."""
+    long = ProblemContext({"M": 16, "N": 131072}, "float16")
+    one = sync_cfg(16384, 8, warps=16)
+    two = cfg(16384, split=8, warps=16, evict=1)
+    assert K.prior(one, long) < K.prior(two, long)
+    configs = K.known_good_configs({"M": 16, "N": 131072}, "float16")
+    assert {c.get("SYNC", 0) for c in configs if c["SPLIT"] == 8} == {0, 1}
+    assert all(c["SPLIT"] * 16 <= 132 for c in configs if c.get("SYNC"))

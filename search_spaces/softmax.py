@@ -30,8 +30,9 @@ matrix fits there). ``SYNC`` = 1 does both in one launch: each program publishes
 partials, counts itself in at its row's counter and waits there until the row's ``SPLIT``
 programs are in, then combines and writes, from registers where its chunk is one block. A
 program waits on others, so the grid must be resident at once: at most one program an SM
-(the ``_sync`` constraint). Triton's CPU interpreter runs programs one after another and can
-never pass such a wait, so there a SYNC config runs the same math in the two launches.
+(the ``_sync`` constraint); kernels on other streams that hold SMs for long (NCCL's) delay
+it until they end. Triton's CPU interpreter runs programs one after another and can never
+pass such a wait, so there a SYNC config runs the same math in the two launches.
 
 Rows whose length is not a multiple of 16 bytes (50,257 columns) start at unaligned addresses:
 a block that starts at the row's first element cannot be loaded 16 bytes at a time. Every

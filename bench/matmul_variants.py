@@ -130,24 +130,6 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
                 rows.append(config.key() + " (pointer loads)")
                 fns.append(lambda c=config, x=inputs: mm.matmul(x["a"], x["b"], x["out"], c,
                                                                  tma=False))
-            if variant == "stream_k":  # the other schedule: only the tail's steps split
-                tail_only = not mm.stream_k_tail_only(mm.output_tiles(config, shape), sms)
-                name = "DP + SK" if tail_only else "DP + two-tile SK"
-                inputs["out"].fill_(float("nan"))
-                mm.matmul(inputs["a"], inputs["b"], inputs["out"], config, tail_only=tail_only)
-                check = compare(inputs["out"], ref, KERNEL.tolerance(checked), checked,
-                                output_check_of(KERNEL))
-                first = inputs["out"].clone()
-                for _ in range(20):
-                    mm.matmul(inputs["a"], inputs["b"], inputs["out"], config,
-                              tail_only=tail_only)
-                if not isinstance(check, float) or not torch.equal(first, inputs["out"]):
-                    wrong += 1
-                    log(f"  {config.key()} ({name}): WRONG or NOT DETERMINISTIC ({check})")
-                    continue
-                rows.append(config.key() + f" ({name})")
-                fns.append(lambda c=config, x=inputs, t=tail_only: mm.matmul(
-                    x["a"], x["b"], x["out"], c, tail_only=t))
         if smoke:
             log(f"{shape_text} {dtype}: {len(rows)} configs right on the interpreter "
                 f"({'x'.join(map(str, shape.values()))} float16)")

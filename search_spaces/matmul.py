@@ -258,37 +258,11 @@ def _store_c(c_dst, c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
 
 
 @triton.jit
-def _sum_partials(ws_ptr, c_ptr, M, N, stride_cm, stride_cn, t, first_p, last_p, per, k_tiles,
-                  pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """TAIL_ONLY's fix-up of tile ``t``: the partials of runs ``first_p .. last_p`` (each's
-    slot: 2p where the run starts in the tile, 2p + 1 where it ends there) added in run order,
-    whoever finishes (deterministic), and C stored; a quarter of the tile's rows at a time,
-    so that the sum, the loaded partial and C's addresses fit in registers beside nothing."""
-    SUB: tl.constexpr = BLOCK_M // 4
-    rn = tl.arange(0, BLOCK_N)
-    for r in tl.static_range(4):
-        rm = r * SUB + tl.arange(0, SUB)
-        offs = rm[:, None] * BLOCK_N + rn[None, :]
-        total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
-        for p in range(first_p, last_p + 1):
-            slot = 2 * p + tl.where((p * per) // k_tiles == t, 0, 1)
-            total += tl.load(ws_ptr + slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
-                             cache_modifier=".cg")
-        rows = pid_m * BLOCK_M + rm
-        cols = pid_n * BLOCK_N + rn
-        c_ptrs = (c_ptr + rows.to(tl.int64)[:, None] * stride_cm
-                  + cols.to(tl.int64)[None, :] * stride_cn)
-        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty),
-                 mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-@triton.jit
 def _matmul_stream_k_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, NUM_SMS: tl.constexpr, USE_TMA: tl.constexpr,
-    TAIL_ONLY: tl.constexpr = False,
 ):
     # NUM_SMS programs. Data-parallel part: the first (tiles // NUM_SMS - 1) * NUM_SMS tiles,
     # whole K, walked as the persistent kernel walks them. Stream-K part: the rest (one full
@@ -300,17 +274,10 @@ def _matmul_stream_k_kernel(
     # tile's counter adds the other's partial to its own and writes C. Two partials: a + b is
     # b + a bit for bit, so the result does not depend on which one finishes (deterministic).
     # The finisher sets the counter back to 0 for the next launch: no memset, no spinning.
-    # TAIL_ONLY ("DP + SK"): every whole wave is data-parallel and only the tail's steps are
-    # cut into the NUM_SMS runs (per < k_tiles): a tile then meets up to k_tiles / per + 1
-    # runs, each stores its partial, and the last to bump the counter adds them all in run
-    # order (_sum_partials; deterministic).
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    if TAIL_ONLY:
-        full = num_tiles // NUM_SMS * NUM_SMS
-    else:
-        full = tl.maximum(num_tiles // NUM_SMS - 1, 0) * NUM_SMS
+    full = tl.maximum(num_tiles // NUM_SMS - 1, 0) * NUM_SMS
     if USE_TMA:
         a_src, b_src, c_dst = _gemm_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
                                                 stride_bk, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -333,10 +300,7 @@ def _matmul_stream_k_kernel(
                  BLOCK_N, USE_TMA)
 
     sk_steps = (num_tiles - full) * k_tiles
-    if TAIL_ONLY:
-        per = tl.maximum(tl.cdiv(sk_steps, NUM_SMS), 1)
-    else:
-        per = tl.maximum(tl.cdiv(sk_steps, NUM_SMS), k_tiles)
+    per = tl.maximum(tl.cdiv(sk_steps, NUM_SMS), k_tiles)
     it = start * per
     it_end = tl.minimum(it + per, sk_steps)
     first_t = it // k_tiles
@@ -369,15 +333,7 @@ def _matmul_stream_k_kernel(
                 # every thread's partial is written before one thread releases the counter
                 tl.debug_barrier()
                 arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-                if TAIL_ONLY:
-                    first_p = (t * k_tiles) // per
-                    last_p = ((t + 1) * k_tiles - 1) // per
-                    if arrived == last_p - first_p:
-                        tl.debug_barrier()
-                        _sum_partials(ws_ptr, c_ptr, M, N, stride_cm, stride_cn, t, first_p,
-                                      last_p, per, k_tiles, pid_m, pid_n, BLOCK_M, BLOCK_N)
-                        tl.store(cnt_ptr + t, 0)
-                elif arrived == 1:
+                if arrived == 1:
                     tl.debug_barrier()
                     # the run that ends in tile t (slot 1) and the next one (slot 0)
                     first_p = (t * k_tiles) // per
@@ -509,13 +465,12 @@ def stream_k_buffers(device: torch.device, sms: int, block_m: int,
 
 def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
               config: KernelConfig, sms: int | None = None,
-              tma: bool | None = None, tail_only: bool | None = None,
-              ) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]]:
+              tma: bool | None = None) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...],
+                                                     dict[str, Any]]]:
     """The kernel launches computing ``out = a @ b`` with ``config``: (kernel, grid, args,
     constexprs and launch options) each, in order. ``sms`` (the persistent variants'
-    programs; the device's SM count by default), ``tma`` (whether stream_k loads by
-    descriptors; ``stream_k_tma`` by default) and ``tail_only`` (stream_k's schedule,
-    ``stream_k_plan``; ``stream_k_tail_only`` by default) are for tests and benchmarks."""
+    programs; the device's SM count by default) and ``tma`` (whether stream_k loads by
+    descriptors; ``stream_k_tma`` by default) are for tests."""
     (M, K), N = a.shape, b.shape[1]
     variant = variant_of(config)
     if sms is None:
@@ -540,9 +495,8 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     if variant == STREAM_K:
         ws, cnt = stream_k_buffers(a.device, sms, config["BLOCK_M"], config["BLOCK_N"])
         use_tma = stream_k_tma(a, b, out) if tma is None else tma
-        tail = stream_k_tail_only(tiles, sms) if tail_only is None else tail_only
         return [(_matmul_stream_k_kernel, (sms,), (a, b, out, ws, cnt, M, N, K, *ab, *cs),
-                 {**meta, "NUM_SMS": sms, "USE_TMA": use_tma, "TAIL_ONLY": tail})]
+                 {**meta, "NUM_SMS": sms, "USE_TMA": use_tma})]
     if variant == SPLIT_K_VARIANT:
         split = int(config["SPLIT_K"])
         ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)
@@ -556,12 +510,11 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig, *,
-           sms: int | None = None, tma: bool | None = None,
-           tail_only: bool | None = None) -> None:
+           sms: int | None = None, tma: bool | None = None) -> None:
     """out = a @ b with the given config (its VARIANT picks the algorithm; the split-K
     workspace is allocated here, so a timed launch includes it and the reduction; stream_k's
     buffers are cached across launches). ``sms`` and ``tma``: see ``_launches``."""
-    launches = _launches(a, b, out, config, sms, tma, tail_only)
+    launches = _launches(a, b, out, config, sms, tma)
     if any(kw.get("USE_TMA") for _, _, _, kw in launches) or (
             variant_of(config) == TMA_PERSISTENT):
         set_tma_allocator(a.device)
@@ -571,10 +524,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelCo
 
 def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                    config: KernelConfig, *, sms: int | None = None,
-                   tma: bool | None = None, tail_only: bool | None = None) -> None:
+                   tma: bool | None = None) -> None:
     """Compile (or load from Triton's disk cache) every kernel of the config without
     launching."""
-    for kernel, grid, args, kwargs in _launches(a, b, out, config, sms, tma, tail_only):
+    for kernel, grid, args, kwargs in _launches(a, b, out, config, sms, tma):
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
@@ -686,25 +639,13 @@ def persistent_constraint(config: KernelConfig, ctx: ProblemContext) -> str | No
     return None
 
 
-def stream_k_plan(tiles: int, k_tiles: int, sms: int,
-                  tail_only: bool = False) -> tuple[int, int]:
+def stream_k_plan(tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
     """stream_k's schedule, as its kernel computes it: (full, per). Tiles ``0 .. full - 1``
     are data-parallel (whole K, ``full // sms`` a program); the rest (one wave plus the tail:
     "DP + two-tile SK") are ``(tiles - full) * k_tiles`` K steps cut into runs of ``per``
-    (at least one tile's steps, so no tile meets more than two runs). ``tail_only`` ("DP +
-    SK"): every whole wave data-parallel, only the tail's steps cut into runs (shorter than a
-    tile's, so a tile meets several)."""
-    if tail_only:
-        full = tiles // sms * sms
-        return full, max(-(-(tiles - full) * k_tiles // sms), 1)
+    (at least one tile's steps, so no tile meets more than two runs)."""
     full = max(tiles // sms - 1, 0) * sms
     return full, max(-(-(tiles - full) * k_tiles // sms), k_tiles)
-
-
-def stream_k_tail_only(tiles: int, sms: int) -> bool:
-    """Which stream_k schedule a launch takes by default (``stream_k_plan``): the measured
-    "DP + two-tile SK" for now; "DP + SK" (``tail_only``) is benchmarked beside it."""
-    return False
 
 
 def stream_k_constraint(config: KernelConfig, ctx: ProblemContext) -> str | None:

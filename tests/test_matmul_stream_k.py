@@ -56,52 +56,6 @@ def test_stream_k_matches_the_reference_and_repeats_bit_for_bit(shape, sms, dtyp
     assert int(cnt.count_nonzero()) == 0
 
 
-#: "DP + SK": whole waves data-parallel, the tail's steps in runs shorter than a tile, so a
-#: tile meets several runs (64x64x256 on 5: 16 tiles, 15 data-parallel, the last one's 16
-#: steps in runs of 4: four partials summed), none data-parallel (17x100 on 9), K not a
-#: multiple of BLOCK_K, M = 1
-TAIL_CASES = [({"M": 64, "N": 64, "K": 256}, 5), ({"M": 17, "N": 100, "K": 33}, 9),
-              ({"M": 37, "N": 45, "K": 70}, 4), ({"M": 1, "N": 80, "K": 50}, 2),
-              ({"M": 48, "N": 48, "K": 200}, 4)]
-
-
-@pytest.mark.parametrize(("shape", "sms", "tma"),
-                         [(s, p, False) for s, p in TAIL_CASES]
-                         # descriptor rows need 16 bytes: K and N multiples of 8
-                         + [(s, p, True) for s, p in TAIL_CASES
-                            if s["K"] % 8 == 0 and s["N"] % 8 == 0],
-                         ids=lambda v: str(v))
-def test_dp_plus_sk_sums_many_partials_right_and_bit_for_bit(shape, sms, tma):
-    k = get_kernel("matmul")
-    config = stream_k()
-    inputs = k.make_inputs(shape, "float16", "cpu", seed=4)
-    a, b, out = inputs["a"], inputs["b"], inputs["out"]
-    outs = []
-    for _ in range(2):
-        out.fill_(float("nan"))
-        mm.matmul(a, b, out, config, sms=sms, tma=tma, tail_only=True)
-        tol = k.tolerance("float16")
-        torch.testing.assert_close(out.float(), k.reference(inputs), atol=tol.atol,
-                                   rtol=tol.rtol)
-        outs.append(out.clone())
-    assert torch.equal(outs[0], outs[1])
-    ws, cnt = mm.stream_k_buffers(a.device, sms, 16, 16)
-    assert int(cnt.count_nonzero()) == 0
-
-
-def test_dp_plus_sk_plan_splits_only_the_tail_and_shares_tiles_widely():
-    for tiles, k_tiles, sms in ((288, 48, 132), (16, 16, 5), (8, 3, 7), (140, 1, 132)):
-        full, per = mm.stream_k_plan(tiles, k_tiles, sms, tail_only=True)
-        assert full == tiles // sms * sms
-        assert 1 <= per <= k_tiles
-        assert per * sms >= (tiles - full) * k_tiles
-    # 3072^3 in 128x256 tiles: two waves data-parallel, the 24 tail tiles' 1,152 steps in
-    # runs of 9: a tile meets 6 or 7 runs
-    assert mm.stream_k_plan(288, 48, 132, tail_only=True) == (264, 9)
-    full, per = mm.stream_k_plan(16, 16, 5, tail_only=True)
-    assert (full, per) == (15, 4)  # TAIL_CASES[0]: the last tile's four runs
-
-
 def test_the_cases_share_tiles_between_programs():
     """The shapes above exercise the fix-up path, not only whole tiles."""
     assert [shared_tiles(stream_k(), s, p) > 0 for s, p in CASES[:3]] == [True] * 3

@@ -126,6 +126,24 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
                     continue
             rows.append(config.key())
             fns.append(lambda c=config, x=inputs: KERNEL.launch(c, x))
+            if variant == "tma_persistent" and not smoke:  # Triton's warp specialisation
+                for ws, name in ((1, "warp-specialised, flattened"), (2, "warp-specialised")):
+                    try:
+                        inputs["out"].fill_(float("nan"))
+                        mm.matmul(inputs["a"], inputs["b"], inputs["out"], config, warp_spec=ws)
+                        check = compare(inputs["out"], ref, KERNEL.tolerance(dtype), dtype,
+                                        output_check_of(KERNEL))
+                    except Exception as exc:  # noqa: BLE001 - this Triton may not have it here
+                        log(f"  {config.key()} ({name}): FAILED {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}")
+                        continue
+                    if not isinstance(check, float):
+                        wrong += 1
+                        log(f"  {config.key()} ({name}): WRONG ({check})")
+                        continue
+                    rows.append(config.key() + f" ({name})")
+                    fns.append(lambda c=config, x=inputs, w=ws: mm.matmul(
+                        x["a"], x["b"], x["out"], c, warp_spec=w))
             if variant == "stream_k" and not smoke:  # the same schedule, loads by pointers
                 rows.append(config.key() + " (pointer loads)")
                 fns.append(lambda c=config, x=inputs: mm.matmul(x["a"], x["b"], x["out"], c,

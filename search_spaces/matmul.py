@@ -171,18 +171,22 @@ def _gemm_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride
 def _matmul_tma_persistent_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
+    NUM_SMS: tl.constexpr, WS: tl.constexpr = 0,
 ):
     # The persistent loop with tensor-descriptor (TMA on sm_90+) loads and stores: the copy
     # engine moves whole tiles, zero-filling past M, N and K and clipping the store, so no
     # address or mask is computed per element. Rows must be contiguous and 16-byte aligned.
+    # WS (benchmarks only, bench.matmul_variants): 1 asks Triton to warp-specialise the tile
+    # loop (loads, MMAs and the epilogue in separate warp groups), flattened; 2 the same loop
+    # not flattened; 0 (the product) neither.
     a_desc, b_desc, c_desc = _gemm_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
                                                stride_bk, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tile_c = start - NUM_SMS
-    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=WS != 2,
+                            warp_specialize=WS != 0):
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
@@ -465,12 +469,13 @@ def stream_k_buffers(device: torch.device, sms: int, block_m: int,
 
 def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
               config: KernelConfig, sms: int | None = None,
-              tma: bool | None = None) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...],
-                                                     dict[str, Any]]]:
+              tma: bool | None = None, warp_spec: int = 0,
+              ) -> list[tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]]:
     """The kernel launches computing ``out = a @ b`` with ``config``: (kernel, grid, args,
     constexprs and launch options) each, in order. ``sms`` (the persistent variants'
-    programs; the device's SM count by default) and ``tma`` (whether stream_k loads by
-    descriptors; ``stream_k_tma`` by default) are for tests."""
+    programs; the device's SM count by default), ``tma`` (whether stream_k loads by
+    descriptors; ``stream_k_tma`` by default) and ``warp_spec`` (tma_persistent's warp
+    specialisation, see its kernel) are for tests and benchmarks."""
     (M, K), N = a.shape, b.shape[1]
     variant = variant_of(config)
     if sms is None:
@@ -486,7 +491,7 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
         grid = (min(sms, tiles),)
         return [(_matmul_tma_persistent_kernel, grid,
                  (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
-                 {**tile, "NUM_SMS": sms, **opts})]
+                 {**tile, "NUM_SMS": sms, "WS": warp_spec, **opts})]
     meta = {**tile, "EVEN_K": even_k(K, config["BLOCK_K"]), **opts}
     if variant == PERSISTENT:
         grid = (min(sms, tiles),)
@@ -510,11 +515,12 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig, *,
-           sms: int | None = None, tma: bool | None = None) -> None:
+           sms: int | None = None, tma: bool | None = None,
+           warp_spec: int = 0) -> None:
     """out = a @ b with the given config (its VARIANT picks the algorithm; the split-K
     workspace is allocated here, so a timed launch includes it and the reduction; stream_k's
     buffers are cached across launches). ``sms`` and ``tma``: see ``_launches``."""
-    launches = _launches(a, b, out, config, sms, tma)
+    launches = _launches(a, b, out, config, sms, tma, warp_spec)
     if any(kw.get("USE_TMA") for _, _, _, kw in launches) or (
             variant_of(config) == TMA_PERSISTENT):
         set_tma_allocator(a.device)

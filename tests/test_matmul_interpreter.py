@@ -94,6 +94,21 @@ def test_tma_persistent_zero_fills_past_every_edge():
         assert isinstance(result, float), (shape, result)
 
 
+@pytest.mark.parametrize("warp_spec", [1, 2])
+def test_tma_persistent_asked_to_warp_specialise_computes_the_same(warp_spec):
+    """The benchmarks' WS switch (the tile loop warp-specialised, flattened or not) changes
+    how Triton schedules the loop, not what it computes: bit-equal to WS=0."""
+    k = get_kernel("matmul")
+    config = variant("tma_persistent", BLOCK_K=16)
+    inputs = k.make_inputs({"M": 40, "N": 48, "K": 72}, "float16", "cpu", seed=2)
+    a, b, out = inputs["a"], inputs["b"], inputs["out"]
+    mm.matmul(a, b, out, config, sms=3)
+    plain = out.clone()
+    out.fill_(float("nan"))
+    mm.matmul(a, b, out, config, sms=3, warp_spec=warp_spec)
+    assert torch.equal(out, plain)
+
+
 def test_split_k_with_empty_splits_is_right():
     """K = 40 with BLOCK_K = 32 is two K steps; SPLIT_K = 4 leaves two splits empty (their
     partials are zeros), and SPLIT_K = 16 fourteen."""

@@ -1,0 +1,121 @@
+"""Issue 14's flash-attention targets: the configs the H200 measured best, each plain and with
+Triton's warp specialisation of its key loops (the kernel's WS switch), timed beside torch's
+SDPA (flash backend) in this one process.
+
+Each config is checked against the space's constraints, run once and verified against the
+fp32 reference, then timed with ``triton.testing.do_bench`` interleaved with SDPA, round by
+round (ratio = SDPA ms / config ms: above 1 the config is faster). A quick look, not the
+tuner's protocol: ``bench/targets.py`` tunes the same problems with the product.
+
+Usage (on the GPU machine)::
+
+    python3 -m bench.flash_variants [--only causal] [--rounds 3]
+
+``--smoke`` runs and verifies every config once on the CPU interpreter, on a small shape with
+the same head dim, in float16, untimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: (kernel, shape, dtype, target, [(BLOCK_M, BLOCK_N, num_warps, num_stages, TMA)])
+TARGETS: list[tuple[str, dict[str, int], str, float, list[tuple[int, ...]]]] = [
+    ("flash_attention_causal", {"B": 4, "H": 32, "S": 4096, "D": 128}, "bfloat16", 0.85,
+     [(128, 64, 4, 2, 1), (128, 128, 8, 3, 1), (128, 64, 8, 3, 0)]),
+    ("flash_attention", {"B": 16, "H": 16, "S": 1024, "D": 64}, "float16", 0.85,
+     [(128, 64, 8, 3, 0), (128, 64, 4, 3, 0), (128, 64, 8, 3, 1)]),
+]
+#: WS values timed for each config: the plain kernel and the warp-specialised key loops
+WS_VALUES = ((0, ""), (1, " (warp-specialised)"))
+
+
+def _timed(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
+    """Median do_bench ms of each function, the functions interleaved round by round."""
+    import triton
+
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(float(triton.testing.do_bench(fn, warmup=25, rep=100)))
+    return [statistics.median(t) for t in times]
+
+
+def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
+    from search_spaces import get_kernel
+    from search_spaces.flash_attention import flash_attention
+    from tuner.config import KernelConfig
+    from tuner.kernel import output_check_of
+    from tuner.space import ProblemContext
+    from tuner.verification import compare
+
+    device = "cpu" if smoke else "cuda"
+    wrong = 0
+    for name, shape, dtype, target, tiles in TARGETS:
+        if only not in name:
+            continue
+        kernel = get_kernel(name)
+        if smoke:
+            shape, dtype = {**shape, "B": 1, "H": 2, "S": 67}, "float16"
+        inputs = kernel.make_inputs(shape, dtype, device, seed=0)
+        ref = kernel.reference(inputs)
+        space, ctx = kernel.space(), ProblemContext(shape, dtype)
+        rows, fns = [], []
+        for bm, bn, warps, stages, tma in tiles:
+            config = KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+                                  TMA=tma)
+            reason = space.violation(config, ctx)
+            if reason and not smoke:
+                log(f"  {config.key()}: pruned ({reason})")
+                continue
+            for ws, label in WS_VALUES:
+                try:
+                    inputs["out"].fill_(float("nan"))
+                    flash_attention(inputs["q"], inputs["k"], inputs["v"], inputs["out"],
+                                    kernel.causal, config, warp_spec=ws)
+                    check = compare(inputs["out"], ref, kernel.tolerance(dtype), dtype,
+                                    output_check_of(kernel))
+                except Exception as exc:  # noqa: BLE001 - this Triton may not have it here
+                    log(f"  {config.key()}{label}: FAILED {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}")
+                    continue
+                if not isinstance(check, float):
+                    wrong += 1
+                    log(f"  {config.key()}{label}: WRONG ({check})")
+                    continue
+                rows.append(config.key() + label)
+                fns.append(lambda c=config, w=ws, x=inputs, causal=kernel.causal:
+                           flash_attention(x["q"], x["k"], x["v"], x["out"], causal, c,
+                                           warp_spec=w))
+        text = ",".join(f"{k}={v}" for k, v in shape.items())
+        if smoke:
+            log(f"{name} {text} {dtype}: {len(rows)} configs right on the interpreter")
+            continue
+        ms = _timed([lambda x=inputs, k=kernel: k.baseline(x), *fns], rounds)
+        flops = kernel.flops(shape)
+        log(f"{name} {text} {dtype} (target {target}x SDPA): SDPA {ms[0]:.4f} ms, "
+            f"{flops / ms[0] / 1e9:.0f} TFLOP/s")
+        for row, t in sorted(zip(rows, ms[1:], strict=True), key=lambda r: r[1]):
+            log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {flops / t / 1e9:4.0f} TFLOP/s  {row}")
+    return 1 if wrong else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", default="", help="kernels whose name contains this text")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, small shapes")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not args.smoke and torch.cuda.is_available():
+        print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    return run(args.only, args.rounds, args.smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

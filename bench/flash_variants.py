@@ -18,10 +18,10 @@ the same head dim, in float16, untimed.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
-from typing import Any
+
+from bench.matmul_variants import timed_interleaved, verified_once
 
 #: (kernel, shape, dtype, target, [(BLOCK_M, BLOCK_N, num_warps, num_stages, TMA)])
 TARGETS: list[tuple[str, dict[str, int], str, float, list[tuple[int, ...]]]] = [
@@ -34,24 +34,11 @@ TARGETS: list[tuple[str, dict[str, int], str, float, list[tuple[int, ...]]]] = [
 WS_VALUES = ((0, ""), (1, " (warp-specialised)"))
 
 
-def _timed(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
-    """Median do_bench ms of each function, the functions interleaved round by round."""
-    import triton
-
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            times[i].append(float(triton.testing.do_bench(fn, warmup=25, rep=100)))
-    return [statistics.median(t) for t in times]
-
-
 def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
     from search_spaces import get_kernel
     from search_spaces.flash_attention import flash_attention
     from tuner.config import KernelConfig
-    from tuner.kernel import output_check_of
     from tuner.space import ProblemContext
-    from tuner.verification import compare
 
     device = "cpu" if smoke else "cuda"
     wrong = 0
@@ -73,29 +60,21 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
                 log(f"  {config.key()}: pruned ({reason})")
                 continue
             for ws, label in WS_VALUES:
-                try:
-                    inputs["out"].fill_(float("nan"))
-                    flash_attention(inputs["q"], inputs["k"], inputs["v"], inputs["out"],
-                                    kernel.causal, config, warp_spec=ws)
-                    check = compare(inputs["out"], ref, kernel.tolerance(dtype), dtype,
-                                    output_check_of(kernel))
-                except Exception as exc:  # noqa: BLE001 - this Triton may not have it here
-                    log(f"  {config.key()}{label}: FAILED {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}")
-                    continue
-                if not isinstance(check, float):
-                    wrong += 1
-                    log(f"  {config.key()}{label}: WRONG ({check})")
+                fn = (lambda c=config, w=ws, x=inputs, causal=kernel.causal:
+                      flash_attention(x["q"], x["k"], x["v"], x["out"], causal, c,
+                                      warp_spec=w))
+                ok = verified_once(fn, inputs["out"], ref, kernel, dtype, config.key() + label,
+                                   log)
+                if not ok:
+                    wrong += ok is False
                     continue
                 rows.append(config.key() + label)
-                fns.append(lambda c=config, w=ws, x=inputs, causal=kernel.causal:
-                           flash_attention(x["q"], x["k"], x["v"], x["out"], causal, c,
-                                           warp_spec=w))
+                fns.append(fn)
         text = ",".join(f"{k}={v}" for k, v in shape.items())
         if smoke:
             log(f"{name} {text} {dtype}: {len(rows)} configs right on the interpreter")
             continue
-        ms = _timed([lambda x=inputs, k=kernel: k.baseline(x), *fns], rounds)
+        ms = timed_interleaved([lambda x=inputs, k=kernel: k.baseline(x), *fns], rounds)
         flops = kernel.flops(shape)
         log(f"{name} {text} {dtype} (target {target}x SDPA): SDPA {ms[0]:.4f} ms, "
             f"{flops / ms[0] / 1e9:.0f} TFLOP/s")

@@ -62,7 +62,7 @@ def _config(variant: str, split: int, tile: tuple[int, ...]) -> Any:
                          "VARIANT": VARIANTS.index(variant), "SPLIT_K": split})
 
 
-def _timed(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
+def timed_interleaved(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
     """Median do_bench ms of each function, the functions interleaved round by round."""
     import triton
 
@@ -71,6 +71,28 @@ def _timed(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
         for i, fn in enumerate(fns):
             times[i].append(float(triton.testing.do_bench(fn, warmup=25, rep=100)))
     return [statistics.median(t) for t in times]
+
+
+def verified_once(launch: Callable[[], Any], out: Any, ref: Any, kernel: Any, dtype: str,
+                  label: str, log: Callable[[str], None]) -> bool | None:
+    """Run ``launch`` once into ``out`` (NaN-filled first) and compare it with ``ref``: True
+    when right, False when wrong, None when it raised (this Triton may not build it); the
+    last two logged under ``label``."""
+    from tuner.kernel import output_check_of
+    from tuner.verification import compare
+
+    try:
+        out.fill_(float("nan"))
+        launch()
+        check = compare(out, ref, kernel.tolerance(dtype), dtype, output_check_of(kernel))
+    except Exception as exc:  # noqa: BLE001 - one config must not end the benchmark
+        log(f"  {label}: FAILED {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        return None
+    if not isinstance(check, float):
+        log(f"  {label}: WRONG ({check})")
+        return False
+    return True
 
 
 def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
@@ -128,18 +150,12 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
             fns.append(lambda c=config, x=inputs: KERNEL.launch(c, x))
             if variant == "tma_persistent" and not smoke:  # Triton's warp specialisation
                 for ws, name in ((1, "warp-specialised, flattened"), (2, "warp-specialised")):
-                    try:
-                        inputs["out"].fill_(float("nan"))
-                        mm.matmul(inputs["a"], inputs["b"], inputs["out"], config, warp_spec=ws)
-                        check = compare(inputs["out"], ref, KERNEL.tolerance(dtype), dtype,
-                                        output_check_of(KERNEL))
-                    except Exception as exc:  # noqa: BLE001 - this Triton may not have it here
-                        log(f"  {config.key()} ({name}): FAILED {type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}")
-                        continue
-                    if not isinstance(check, float):
-                        wrong += 1
-                        log(f"  {config.key()} ({name}): WRONG ({check})")
+                    ok = verified_once(
+                        lambda c=config, x=inputs, w=ws: mm.matmul(x["a"], x["b"], x["out"], c,
+                                                                   warp_spec=w),
+                        inputs["out"], ref, KERNEL, dtype, f"{config.key()} ({name})", log)
+                    if not ok:
+                        wrong += ok is False
                         continue
                     rows.append(config.key() + f" ({name})")
                     fns.append(lambda c=config, x=inputs, w=ws: mm.matmul(
@@ -152,7 +168,7 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
             log(f"{shape_text} {dtype}: {len(rows)} configs right on the interpreter "
                 f"({'x'.join(map(str, shape.values()))} float16)")
             continue
-        ms = _timed([lambda x=inputs: KERNEL.baseline(x), *fns], rounds)
+        ms = timed_interleaved([lambda x=inputs: KERNEL.baseline(x), *fns], rounds)
         log(f"{shape_text} {dtype} (target {target}x torch): torch {ms[0]:.4f} ms")
         for config, t in sorted(zip(rows, ms[1:], strict=True), key=lambda r: r[1]):
             log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {config}")

@@ -18,6 +18,7 @@ the same head dim, in float16, untimed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, small shapes")
     args = parser.parse_args(argv)
+    if args.smoke:  # before the kernel module is imported
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
     if not args.smoke and torch.cuda.is_available():

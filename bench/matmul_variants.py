@@ -27,6 +27,12 @@ from typing import Any
 #: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 _BIG = [("tma_persistent", 1, (128, 256, 64, 8, 8, 3)),
         ("tma_persistent", 1, (128, 128, 64, 8, 8, 4)),
+        ("tma_persistent", 1, (128, 192, 64, 8, 8, 3)),
+        ("tma_persistent", 1, (128, 192, 64, 8, 8, 4)),
+        ("tma_persistent", 1, (128, 192, 128, 8, 8, 2)),
+        ("tma_persistent", 1, (128, 192, 64, 4, 8, 4)),
+        ("tma_persistent", 1, (128, 192, 64, 8, 4, 4)),
+        ("tma_persistent", 1, (128, 128, 64, 8, 4, 5)),
         ("persistent", 1, (128, 256, 64, 8, 8, 3)), ("tiled", 1, (128, 256, 64, 8, 8, 3)),
         ("tiled", 1, (128, 256, 32, 8, 8, 5)), ("stream_k", 1, (128, 256, 64, 8, 8, 3)),
         ("stream_k", 1, (128, 128, 64, 8, 4, 4)), ("stream_k", 1, (128, 128, 64, 8, 8, 4))]

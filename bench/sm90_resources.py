@@ -2,7 +2,8 @@
 
 Compiles ``_matmul_stream_k_kernel`` (TMA path) and ``_matmul_tma_persistent_kernel`` for sm_90
 with the installed Triton (its own ptxas), bf16, on the 128x256/8 warps/3 stages and
-128x128/4 warps/4 stages tiles. It reports each kernel's registers and stack per thread
+128x128/4 warps/4 stages tiles (and TMA persistent's split 128x192 tiles, 4 stages, 8 and 4
+warps). It reports each kernel's registers and stack per thread
 (``cuobjdump --dump-resource-usage``), the dynamic shared memory Triton asks for at launch,
 and how many multi-stage buffers for A the TTGIR allocates (one per software-pipelined K
 loop). ``--rev REV`` compiles ``search_spaces/matmul.py`` as it was at that git revision.
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 TILES = [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4)]
+#: tma_persistent's split tiles (BLOCK_N 192 = 128 + 64), compiled for that kernel alone
+SPLIT_TILES = [(128, 192, 64, 8, 4), (128, 192, 64, 4, 4)]
 
 
 def load_matmul(rev: str | None) -> Any:
@@ -80,7 +83,10 @@ def compile_kernel(fn: Any, variant: str, tile: tuple[int, ...]) -> Any:
                "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32",
                "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
                "GROUP_M": "constexpr", "NUM_SMS": "constexpr"}
-        consts = {}
+        # the product's build: no warp specialisation; a split tile's second block width
+        extra = {"WS": 0, "SPLIT_N": bn - (1 << (bn.bit_length() - 1))}
+        consts = {k: v for k, v in extra.items() if k in fn.arg_names}
+        sig.update({k: "constexpr" for k in consts})
     consts.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SMS=132)
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
                           target=GPUTarget("cuda", 90, 32),
@@ -107,7 +113,8 @@ def main() -> int:
         module = load_matmul(rev)
         for variant, fn in (("stream_k", module._matmul_stream_k_kernel),
                             ("tma_persistent", module._matmul_tma_persistent_kernel)):
-            for tile in TILES:
+            split = variant == "tma_persistent" and hasattr(module, "split_n")
+            for tile in TILES + (SPLIT_TILES if split else []):
                 compiled = compile_kernel(fn, variant, tile)
                 regs, shared = resources(compiled)
                 buffers = compiled.asm["ttgir"].count(

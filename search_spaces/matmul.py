@@ -173,31 +173,52 @@ def _gemm_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride
 def _matmul_tma_persistent_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr, WS: tl.constexpr = 0,
+    NUM_SMS: tl.constexpr, WS: tl.constexpr = 0, SPLIT_N: tl.constexpr = 0,
 ):
     # The persistent loop with tensor-descriptor (TMA on sm_90+) loads and stores: the copy
     # engine moves whole tiles, zero-filling past M, N and K and clipping the store, so no
     # address or mask is computed per element. Rows must be contiguous and 16-byte aligned.
+    # SPLIT_N > 0 (BLOCK_N not a power of two, e.g. 192 = 128 + 64: ``split_n``): the tile's
+    # columns are two power-of-two blocks, BLOCK_N - SPLIT_N and SPLIT_N wide, each with its
+    # own B and C descriptors and accumulator, both fed by the one A tile. Tile widths of 3 x
+    # 2^k are how 3072-wide outputs fill whole waves (16 x 24 tiles of 128x192: 2.9 waves on
+    # 132 SMs, against 2.2 for 128x256).
     # WS (benchmarks only, bench.matmul_variants): 1 asks Triton to warp-specialise the tile
     # loop (loads, MMAs and the epilogue in separate warp groups), flattened; 2 the same loop
     # not flattened; 0 (the product) neither.
     a_desc, b_desc, c_desc = _gemm_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
-                                               stride_bk, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
+                                               stride_bk, stride_cm, BLOCK_M,
+                                               BLOCK_N - SPLIT_N, BLOCK_K)
+    if SPLIT_N > 0:
+        b2_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                            block_shape=[BLOCK_K, SPLIT_N])
+        c2_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                            block_shape=[BLOCK_M, SPLIT_N])
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tile_c = start - NUM_SMS
-    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=WS != 2,
+    # Split tiles run the tile loop unflattened: flattened, their two MMAs per K step measured
+    # 25-33% slower on the H200 (Triton 3.6; bench/NOTES.md), whole tiles 1-2% faster.
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=WS != 2 and SPLIT_N == 0,
                             warp_specialize=WS != 0):
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N - SPLIT_N), dtype=tl.float32)
+        if SPLIT_N > 0:
+            acc2 = tl.zeros((BLOCK_M, SPLIT_N), dtype=tl.float32)
         for ki in range(k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
+            if SPLIT_N > 0:
+                b2 = b2_desc.load([ki * BLOCK_K, pid_n * BLOCK_N + BLOCK_N - SPLIT_N])
+                acc2 = tl.dot(a, b2, acc2)
         tile_c += NUM_SMS
         pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         c_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+        if SPLIT_N > 0:
+            c2_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N + BLOCK_N - SPLIT_N],
+                          acc2.to(c_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -358,6 +379,9 @@ VARIANTS = ("tiled", "persistent", "tma_persistent", "split_k", "stream_k")
 TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K_VARIANT, STREAM_K = range(len(VARIANTS))
 #: SPLIT_K's values: 1 for every variant but split_k, which takes one of the others
 SPLIT_KS = (1, 2, 4, 8, 16)
+#: matmul's BLOCK_N values: the tiled space's powers of two and 192 (128 + 64), a width only
+#: tma_persistent's split tiles take (``split_n``; ``split_tile_constraint``)
+BLOCK_NS = (32, 64, 128, 192, 256)
 #: NUM_SMS of the persistent variants on the CPU interpreter: few, so that each program walks
 #: several tiles in the tests
 INTERPRETER_SMS = 3
@@ -396,6 +420,16 @@ def num_sms(device: torch.device) -> int:
 def output_tiles(config: Mapping[str, int], shape: Mapping[str, int]) -> int:
     """How many BLOCK_M x BLOCK_N tiles cover the M x N output."""
     return triton.cdiv(shape["M"], config["BLOCK_M"]) * triton.cdiv(shape["N"], config["BLOCK_N"])
+
+
+def split_n(block_n: int) -> int:
+    """tma_persistent's ``SPLIT_N``: 0 for a power-of-two BLOCK_N, else the width of its
+    second power-of-two block (192 = 128 + 64 gives 64)."""
+    first = 1 << (block_n.bit_length() - 1)
+    rest = block_n - first
+    if rest & (rest - 1):
+        raise ValueError(f"BLOCK_N={block_n} is not a power of two or a sum of two of them")
+    return rest
 
 
 def set_tma_allocator(device: torch.device) -> None:
@@ -493,7 +527,8 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
         grid = (min(sms, tiles),)
         return [(_matmul_tma_persistent_kernel, grid,
                  (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
-                 {**tile, "NUM_SMS": sms, "WS": warp_spec, **opts})]
+                 {**tile, "NUM_SMS": sms, "WS": warp_spec,
+                  "SPLIT_N": split_n(config["BLOCK_N"]), **opts})]
     meta = {**tile, "EVEN_K": even_k(K, config["BLOCK_K"]), **opts}
     if variant == PERSISTENT:
         grid = (min(sms, tiles),)
@@ -647,6 +682,17 @@ def persistent_constraint(config: KernelConfig, ctx: ProblemContext) -> str | No
     return None
 
 
+def split_tile_constraint(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """A BLOCK_N that is not a power of two (192) only for tma_persistent, whose kernel splits
+    the tile's columns into two power-of-two blocks; the other kernels' tiles are one
+    ``tl.arange`` wide."""
+    bn = config["BLOCK_N"]
+    if bn & (bn - 1) and variant_of(config) != TMA_PERSISTENT:
+        return (f"BLOCK_N={bn} is not a power of two: only VARIANT=tma_persistent "
+                f"({TMA_PERSISTENT}) splits such a tile")
+    return None
+
+
 def stream_k_plan(tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
     """stream_k's schedule, as its kernel computes it: (full, per). Tiles ``0 .. full - 1``
     are data-parallel (whole K, ``full // sms`` a program); the rest (one wave plus the tail:
@@ -683,11 +729,12 @@ _KNOWN_GOOD = [
 _PARAMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 # The other variants' (VARIANT, SPLIT_K, then _PARAMS): the persistent tutorial's big tiles
 # (128x256x64, 8 warps, 3 stages; 128x128x64 with 4 stages) for large 16-bit problems, and
-# split-K for skinny and deep-K ones (few output tiles, many K steps).
+# split-K for skinny and deep-K ones (few output tiles, many K steps); TMA persistent's split
+# 128x192 tile (4 warps, 4 stages), the best measured on 3072^3 (bench/NOTES.md).
 _KNOWN_GOOD_VARIANTS = [
     (TMA_PERSISTENT, 1, 128, 256, 64, 8, 8, 3), (TMA_PERSISTENT, 1, 128, 128, 64, 8, 4, 4),
-    (TMA_PERSISTENT, 1, 128, 128, 64, 8, 8, 4), (PERSISTENT, 1, 128, 256, 64, 8, 8, 3),
-    (PERSISTENT, 1, 128, 128, 64, 8, 4, 4),
+    (TMA_PERSISTENT, 1, 128, 128, 64, 8, 8, 4), (TMA_PERSISTENT, 1, 128, 192, 64, 8, 4, 4),
+    (PERSISTENT, 1, 128, 256, 64, 8, 8, 3), (PERSISTENT, 1, 128, 128, 64, 8, 4, 4),
     (SPLIT_K_VARIANT, 4, 16, 64, 128, 1, 4, 4), (SPLIT_K_VARIANT, 2, 16, 128, 64, 1, 4, 4),
     (SPLIT_K_VARIANT, 4, 64, 64, 64, 8, 4, 4), (SPLIT_K_VARIANT, 2, 64, 128, 64, 8, 4, 4),
     (STREAM_K, 1, 128, 256, 64, 8, 8, 3), (STREAM_K, 1, 128, 128, 64, 8, 4, 4),
@@ -743,15 +790,18 @@ class MatmulKernel:
 
     def space(self) -> SearchSpace:
         """The tiled space plus the algorithm: VARIANT (categorical, ``VARIANTS`` names its
-        values) and SPLIT_K (split_k's alone: a constraint keeps it 1 elsewhere). A config
+        values), SPLIT_K (split_k's alone: a constraint keeps it 1 elsewhere) and BLOCK_N 192
+        (tma_persistent's alone: ``split_tile_constraint``). A config
         recorded before variants existed (no VARIANT, no SPLIT_K) is the tiled kernel: each new
         parameter's first value (a replay table's configs are mapped to it)."""
         tiled = tiled_space()
+        params = tuple(Param.ints("BLOCK_N", BLOCK_NS) if p.name == "BLOCK_N" else p
+                       for p in tiled.params)
         return SearchSpace(
             params=(Param("VARIANT", tuple(range(len(VARIANTS))), "categorical"),
-                    Param.ints("SPLIT_K", SPLIT_KS), *tiled.params),
+                    Param.ints("SPLIT_K", SPLIT_KS), *params),
             constraints=(_variant_params, _split_k, persistent_constraint,
-                         stream_k_constraint, *tiled.constraints),
+                         stream_k_constraint, split_tile_constraint, *tiled.constraints),
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
@@ -759,7 +809,8 @@ class MatmulKernel:
         that suit the problem: the persistent ones where 128x128 tiles fill more than one wave
         of an H200's SMs, split-K where 64x64 tiles fill less than two (idle SMs, or a
         half-empty last wave) and K is deep, stream-K's where its tiles fill at least one wave
-        with a partial last one (a warm start spends a trial on each)."""
+        with a partial last one, the split 128x192 tile where N is whole 192-wide tiles (a warm
+        start spends a trial on each)."""
         tiled = [KernelConfig({**c, "VARIANT": TILED, "SPLIT_K": 1}) for c in tiled_known_good()]
         names = ("VARIANT", "SPLIT_K", *_PARAMS)
         others = [KernelConfig(dict(zip(names, c, strict=True))) for c in _KNOWN_GOOD_VARIANTS]
@@ -772,8 +823,11 @@ class MatmulKernel:
             tiles = triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
             return tiles >= _H200_SMS and tiles % _H200_SMS > 0 and k > c["BLOCK_K"]
 
-        return tiled + [c for c in others
-                        if (tail(c) if c["VARIANT"] == STREAM_K else suits[c["VARIANT"]])]
+        def fits(c: KernelConfig) -> bool:  # a split tile (192 wide) where N is whole tiles
+            return n % c["BLOCK_N"] == 0 if c["BLOCK_N"] & (c["BLOCK_N"] - 1) else True
+
+        return tiled + [c for c in others if fits(c) and (
+            tail(c) if c["VARIANT"] == STREAM_K else suits[c["VARIANT"]])]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """The tiled kernel's: runs on every shape and dtype, on any GPU with >= 100 KB of

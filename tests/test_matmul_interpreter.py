@@ -195,7 +195,8 @@ def test_the_space_holds_every_variant_once_per_tile():
     tiled = {c.key() for c in by_variant["tiled"]}
     assert tiled and all(c["SPLIT_K"] == 1 for c in by_variant["tiled"])
     assert {c["SPLIT_K"] for c in by_variant["split_k"]} == set(mm.SPLIT_KS[1:])
-    assert 0 < len(by_variant["tma_persistent"]) < len(tiled)  # less smem per pipeline
+    whole = [c for c in by_variant["tma_persistent"] if c["BLOCK_N"] != 192]
+    assert 0 < len(whole) < len(tiled)  # less smem per pipeline (split tiles are its own)
     assert 0 < len(by_variant["persistent"]) < len(tiled)  # the small-tile grids fit in a wave
     assert len(feasible) == len({c.key() for c in feasible})
 

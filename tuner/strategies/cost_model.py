@@ -22,12 +22,13 @@ and no per-tile prologue after the first (the flattened loop overlaps a tile's s
 next tile's loads), but one CTA per SM and quantisation of the tiles over the SMs;
 ``tma_persistent`` adds copy-engine loads (no operand registers, no unaligned-row penalty: its
 constraint wants 16-byte rows, a little more tensor-core efficiency) and the output tile's
-staging in shared memory; ``split_k`` multiplies the programs by SPLIT_K and divides their K
-steps, for the fp32 workspace's round trip (written by the GEMM, read by a second launch that
-writes C); ``stream_k`` is persistent for all but the last wave and the tail, which it spreads
-evenly over the SMs as runs of K steps (the tiles over the SMs no longer quantised), for two fp32
-partial tiles written and one read back per program and a counter's round trip; it loads by TMA
-where tma_persistent could (and then stores by TMA too, staging the output tile).
+staging in shared memory, and takes split tiles (BLOCK_N 192, at a measured efficiency);
+``split_k`` multiplies the programs by SPLIT_K and divides their K steps, for the fp32
+workspace's round trip (written by the GEMM, read by a second launch that writes C); ``stream_k``
+is persistent for all but the last wave and the tail, which it spreads evenly over the SMs as
+runs of K steps (the tiles over the SMs no longer quantised), for two fp32 partial tiles written
+and one read back per program and a counter's round trip; it loads by TMA where tma_persistent
+could (and then stores by TMA too, staging the output tile).
 
 Only the *order* it induces matters; its constants are round numbers of an H100/H200 class GPU
 (they were sanity-checked, not fitted, on the recorded H200 tables). Spaces without BLOCK_M/N/K or
@@ -76,6 +77,11 @@ PERSISTENT_TILE_S = 0.3e-6
 #: fit 0.63 on 3072^3 and 0.69 on 4096^3 against the TMA persistent kernel's waves; the cause
 #: is not found, bench/NOTES.md)
 STREAM_K_STEP_EFFICIENCY = 0.65
+#: the tensor-core speed of matmul tma_persistent's split tiles (BLOCK_N 192: two MMAs, N=128
+#: and N=64, per K step) against a power-of-two tile's: measured, not derived (H200,
+#: bench/results/matmul_split_tile_h200/: 128x192/4 stages against 128x256/3 stages, both TMA
+#: persistent, fits 0.79 on 3072^3 and 0.83 on 8192^3)
+SPLIT_TILE_EFFICIENCY = 0.81
 #: a kernel launch on the same stream right after another (split-K's reduction), s
 LAUNCH_S = 2.5e-6
 #: soft maximum exponent: how sharply the slowest limit dominates the others
@@ -162,6 +168,8 @@ def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
         eff *= 0.6
     if tma:
         eff = min(1.0, eff * TMA_MMA_GAIN)
+    if bn & (bn - 1):  # a split tile (matmul tma_persistent's 192 = 128 + 64)
+        eff *= SPLIT_TILE_EFFICIENCY
     t_mma = 2.0 * bm * bn * bk * per_sm / (SM_FLOPS * eff)
     t_l2 = (bm + bn) * bk * e * resident / L2_BW
     t_lat = LATENCY_S / max(1, stages - 1)

@@ -113,7 +113,7 @@ def main() -> int:
         module = load_matmul(rev)
         for variant, fn in (("stream_k", module._matmul_stream_k_kernel),
                             ("tma_persistent", module._matmul_tma_persistent_kernel)):
-            split = variant == "tma_persistent" and hasattr(module, "split_n")
+            split = variant == "tma_persistent" and hasattr(module, "second_block")
             for tile in TILES + (SPLIT_TILES if split else []):
                 compiled = compile_kernel(fn, variant, tile)
                 regs, shared = resources(compiled)

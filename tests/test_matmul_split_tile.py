@@ -20,11 +20,12 @@ def tma(block_n: int, **over: int) -> KernelConfig:
                          "num_stages": 2, **over})
 
 
-def test_split_n_names_the_second_block():
-    assert mm.split_n(192) == 64 and mm.split_n(96) == 32 and mm.split_n(160) == 32
-    assert mm.split_n(256) == 0 and mm.split_n(32) == 0
-    with pytest.raises(ValueError, match="BLOCK_N=224"):
-        mm.split_n(224)  # 128 + 96: the second block is not a power of two either
+def test_second_block_names_the_split():
+    assert mm.second_block(192) == 64 and mm.second_block(96) == 32
+    assert mm.second_block(160) == 32
+    assert mm.second_block(256) == 0 and mm.second_block(32) == 0
+    with pytest.raises(ValueError, match="side of 224"):
+        mm.second_block(224)  # 128 + 96: the second block is not a power of two either
 
 
 #: N spanning several split tiles with a partial last one (its second block wholly past N on

@@ -174,48 +174,38 @@ def _matmul_tma_persistent_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr, WS: tl.constexpr = 0, SPLIT_N: tl.constexpr = 0,
-    SPLIT_M: tl.constexpr = 0,
 ):
     # The persistent loop with tensor-descriptor (TMA on sm_90+) loads and stores: the copy
     # engine moves whole tiles, zero-filling past M, N and K and clipping the store, so no
     # address or mask is computed per element. Rows must be contiguous and 16-byte aligned.
-    # Split tiles (a side that is not a power of two, e.g. 192 = 128 + 64: ``second_block``):
-    # SPLIT_N > 0, the tile's columns are two power-of-two blocks, BLOCK_N - SPLIT_N and
-    # SPLIT_N wide, each with its own B and C descriptors and accumulator, both fed by the one
-    # A tile; SPLIT_M > 0, the same for its rows (two A blocks feeding off one B tile); not
-    # both. Tiles of 3 x 2^k are how 3072-wide outputs fill whole waves (16 x 24 tiles of
-    # 128x192: 2.9 waves on 132 SMs, against 2.2 for 128x256).
+    # SPLIT_N > 0 (BLOCK_N not a power of two, e.g. 192 = 128 + 64: ``second_block``): the tile's
+    # columns are two power-of-two blocks, BLOCK_N - SPLIT_N and SPLIT_N wide, each with its
+    # own B and C descriptors and accumulator, both fed by the one A tile. Tile widths of 3 x
+    # 2^k are how 3072-wide outputs fill whole waves (16 x 24 tiles of 128x192: 2.9 waves on
+    # 132 SMs, against 2.2 for 128x256).
     # WS (benchmarks only, bench.matmul_variants): 1 asks Triton to warp-specialise the tile
     # loop (loads, MMAs and the epilogue in separate warp groups), flattened; 2 the same loop
     # not flattened; 0 (the product) neither.
     a_desc, b_desc, c_desc = _gemm_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, stride_am,
-                                               stride_bk, stride_cm, BLOCK_M - SPLIT_M,
+                                               stride_bk, stride_cm, BLOCK_M,
                                                BLOCK_N - SPLIT_N, BLOCK_K)
     if SPLIT_N > 0:
         b2_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
                                             block_shape=[BLOCK_K, SPLIT_N])
         c2_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
                                             block_shape=[BLOCK_M, SPLIT_N])
-    if SPLIT_M > 0:
-        a2_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
-                                            block_shape=[SPLIT_M, BLOCK_K])
-        c2_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
-                                            block_shape=[SPLIT_M, BLOCK_N])
     start = tl.program_id(0)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tile_c = start - NUM_SMS
     # Split tiles run the tile loop unflattened: flattened, their two MMAs per K step measured
     # 25-33% slower on the H200 (Triton 3.6; bench/NOTES.md), whole tiles 1-2% faster.
-    for tile_id in tl.range(start, num_tiles, NUM_SMS,
-                            flatten=WS != 2 and SPLIT_N == 0 and SPLIT_M == 0,
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=WS != 2 and SPLIT_N == 0,
                             warp_specialize=WS != 0):
         pid_m, pid_n = tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = tl.zeros((BLOCK_M - SPLIT_M, BLOCK_N - SPLIT_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N - SPLIT_N), dtype=tl.float32)
         if SPLIT_N > 0:
             acc2 = tl.zeros((BLOCK_M, SPLIT_N), dtype=tl.float32)
-        if SPLIT_M > 0:
-            acc2 = tl.zeros((SPLIT_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
@@ -223,17 +213,11 @@ def _matmul_tma_persistent_kernel(
             if SPLIT_N > 0:
                 b2 = b2_desc.load([ki * BLOCK_K, pid_n * BLOCK_N + BLOCK_N - SPLIT_N])
                 acc2 = tl.dot(a, b2, acc2)
-            if SPLIT_M > 0:
-                a2 = a2_desc.load([pid_m * BLOCK_M + BLOCK_M - SPLIT_M, ki * BLOCK_K])
-                acc2 = tl.dot(a2, b, acc2)
         tile_c += NUM_SMS
         pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         c_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
         if SPLIT_N > 0:
             c2_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N + BLOCK_N - SPLIT_N],
-                          acc2.to(c_ptr.dtype.element_ty))
-        if SPLIT_M > 0:
-            c2_desc.store([pid_cm * BLOCK_M + BLOCK_M - SPLIT_M, pid_cn * BLOCK_N],
                           acc2.to(c_ptr.dtype.element_ty))
 
 
@@ -439,9 +423,8 @@ def output_tiles(config: Mapping[str, int], shape: Mapping[str, int]) -> int:
 
 
 def second_block(block: int) -> int:
-    """tma_persistent's ``SPLIT_N`` (of BLOCK_N) or ``SPLIT_M`` (of BLOCK_M): 0 for a power of
-    two, else the size of the tile side's second power-of-two block (192 = 128 + 64 gives
-    64)."""
+    """tma_persistent's ``SPLIT_N`` of a BLOCK_N: 0 for a power of two, else the size of the
+    tile side's second power-of-two block (192 = 128 + 64 gives 64)."""
     first = 1 << (block.bit_length() - 1)
     rest = block - first
     if rest & (rest - 1):
@@ -545,8 +528,7 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
         return [(_matmul_tma_persistent_kernel, grid,
                  (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
                  {**tile, "NUM_SMS": sms, "WS": warp_spec,
-                  "SPLIT_N": second_block(config["BLOCK_N"]),
-                  "SPLIT_M": second_block(config["BLOCK_M"]), **opts})]
+                  "SPLIT_N": second_block(config["BLOCK_N"]), **opts})]
     meta = {**tile, "EVEN_K": even_k(K, config["BLOCK_K"]), **opts}
     if variant == PERSISTENT:
         grid = (min(sms, tiles),)

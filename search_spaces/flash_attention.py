@@ -85,14 +85,11 @@ def _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexp
 def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo, hi, S,
             qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
             CAUSAL: tl.constexpr, MASK_D: tl.constexpr, TMA: tl.constexpr,
-            WS: tl.constexpr = 0, LAZY: tl.constexpr = 0):
+            WS: tl.constexpr = 0):
     """Fold the keys [lo, hi) into the online softmax (``lo`` a multiple of BLOCK_N).
     ``k_tile``/``v_tile`` point at key 0's block, or (TMA) are descriptors of the (B * H * S,
     D) views whose row ``key_row`` is key 0; MASKED blocks mask keys past S (and, causal,
-    keys after the query). LAZY: a row's running max (the exponent the sums are kept at) moves
-    only when the block's max passes it by more than 8 (a factor 256, far inside fp32), and
-    the accumulator is rescaled only when some row's max moved: acc and l_i stay at the same
-    exponent, so out = acc / l_i is unchanged."""
+    keys after the query)."""
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS != 0):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -108,13 +105,9 @@ def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo,
                 keep = keep & (offs_m[:, None] >= cols[None, :])
             qk = tl.where(keep, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
-            if LAZY:
-                m_new = tl.where(m_new > m_i + 8.0, m_new, m_i)
             qk = qk - m_new[:, None]
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            if LAZY:
-                m_new = tl.where(m_new > m_i + 8.0, m_new, m_i)
             qk = qk * qk_scale - m_new[:, None]
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_new)
@@ -123,12 +116,7 @@ def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo,
             v = v_tile.load([key_row + start_n, 0])
         else:
             v = _load_tile(v_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
-        if LAZY:
-            if tl.max(m_new - m_i) > 0.0:  # some row's exponent moved
-                acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
@@ -158,12 +146,10 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale, group,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, MASK_D: tl.constexpr,
-                            TMA: tl.constexpr, WS: tl.constexpr = 0,
-                            LAZY: tl.constexpr = 0):
+                            TMA: tl.constexpr, WS: tl.constexpr = 0):
     # WS (benchmarks only, bench.flash_variants): 1 asks Triton to warp-specialise the key
     # loops (K/V loads, the two MMAs and the softmax in separate warp groups); 0 (the product)
-    # does not. LAZY: the accumulator is rescaled only when a row's max moves by more than 8
-    # (``_attend``).
+    # does not.
     # One grid axis: B * H may pass the 65,535 of the others
     num_m = tl.cdiv(S, BLOCK_M)
     bh, start_m = _query_block(tl.program_id(0), num_m, tl.num_programs(0) // num_m, group,
@@ -193,19 +179,19 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale, group,
         diagonal = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
                                 d_ok, 0, diagonal, S, qk_scale, HEAD_DIM, BLOCK_N, False,
-                                CAUSAL, MASK_D, TMA, WS, LAZY)
+                                CAUSAL, MASK_D, TMA, WS)
         end = tl.minimum((start_m + 1) * BLOCK_M, S)
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
                                 d_ok, diagonal, end, S, qk_scale, HEAD_DIM, BLOCK_N, True,
-                                CAUSAL, MASK_D, TMA, WS, LAZY)
+                                CAUSAL, MASK_D, TMA, WS)
     else:
         full = S // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
                                 d_ok, 0, full, S, qk_scale, HEAD_DIM, BLOCK_N, False,
-                                CAUSAL, MASK_D, TMA, WS, LAZY)
+                                CAUSAL, MASK_D, TMA, WS)
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
                                 d_ok, full, S, S, qk_scale, HEAD_DIM, BLOCK_N, True,
-                                CAUSAL, MASK_D, TMA, WS, LAZY)
+                                CAUSAL, MASK_D, TMA, WS)
 
     out = acc / l_i[:, None]
     out_tile = out_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
@@ -255,13 +241,12 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    causal: bool, config: KernelConfig, warp_spec: int = 0,
-                    lazy: int = 0) -> None:
+                    causal: bool, config: KernelConfig, warp_spec: int = 0) -> None:
     """out = softmax(q @ k^T / sqrt(D) [causal mask]) @ v with the given launch config
-    (``warp_spec`` and ``lazy``: the kernel's WS and LAZY, for benchmarks)."""
+    (``warp_spec``: the kernel's WS, for benchmarks)."""
     grid, args, meta = _launch(q, k, v, out, causal, config)
-    _flash_attention_kernel[grid](*args, **meta, WS=warp_spec, LAZY=lazy,
-                                  num_warps=config.num_warps, num_stages=config.num_stages)
+    _flash_attention_kernel[grid](*args, **meta, WS=warp_spec, num_warps=config.num_warps,
+                                  num_stages=config.num_stages)
 
 
 def compile_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

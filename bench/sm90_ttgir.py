@@ -13,14 +13,13 @@ Triton's automatic warp specialisation makes) or only the loop's request
 Usage (CPU)::
 
     python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
-    /tmp/t36/bin/python bench/sm90_ttgir.py [--out bench/results/sm90_ttgir_triton36.md]
+    /tmp/t36/bin/python -m bench.sm90_ttgir [--out bench/results/sm90_ttgir_triton36.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,19 +49,6 @@ def load_kernels() -> Any:
     return module
 
 
-def registers(cubin: bytes) -> str:
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], check=True,
-                             capture_output=True, text=True).stdout
-    line = next((x for x in out.splitlines() if "REG:" in x), "")
-    return " ".join(f for f in line.split() if f.startswith(("REG:", "STACK:")))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also write the table here")
@@ -71,6 +57,8 @@ def main() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from bench.sm90_resources import resources
+
     module = load_kernels()
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32",
            "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32",
@@ -78,7 +66,7 @@ def main() -> int:
            "GROUP_M": "constexpr", "NUM_SMS": "constexpr", "WS": "constexpr",
            "SPLIT_N": "constexpr"}
     lines = ["# matmul's TMA persistent kernel compiled for sm_90 by this Triton", "",
-             f"Command: `python bench/sm90_ttgir.py {' '.join(sys.argv[1:])}`; Triton "
+             f"Command: `python -m bench.sm90_ttgir {' '.join(sys.argv[1:])}`; Triton "
              f"{triton.__version__}, no GPU.", "",
              "| BLOCK_MxBLOCK_N, warps, stages | WS | registers, stack (B) | shared (B) | "
              "warp-specialised region |", "| --- | --- | --- | --- | --- |"]
@@ -94,8 +82,8 @@ def main() -> int:
         region = ("yes" if "ttg.warp_specialize" in ttgir else
                   "no (only `tt.warp_specialize` on the loop)" if "tt.warp_specialize" in ttgir
                   else "no")
-        lines.append(f"| {bm}x{bn}, {warps}, {stages} | {ws} | {registers(compiled.asm['cubin'])}"
-                     f" | {compiled.metadata.shared} | {region} |")
+        regs, shared = resources(compiled)
+        lines.append(f"| {bm}x{bn}, {warps}, {stages} | {ws} | {regs} | {shared} | {region} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -8,23 +8,15 @@ output's columns. Then the product's pipeline measures and verifies one like any
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from search_spaces.matmul import KERNEL as MATMUL
 from search_spaces.matmul import TMA_PERSISTENT
+from tests.gpu.child import measure_one, run_check
 from tests.gpu.smi import Gpu
-from tuner.backends import TimingOptions
-from tuner.backends.process import ProcessBackend
 from tuner.config import KernelConfig
 
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = r"""
 import torch
@@ -61,25 +53,13 @@ for dtype in ("bfloat16", "float16"):
 
 
 def test_split_tiles_are_right_at_every_edge(cuda_machine: list[Gpu]):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok ") == 16, done.stdout
+    out = run_check(CHECK)
+    assert out.count("ok ") == 16, out
 
 
 def test_the_pipeline_verifies_and_times_a_split_tile(cuda_machine: list[Gpu]):
     config = KernelConfig(VARIANT=TMA_PERSISTENT, SPLIT_K=1, BLOCK_M=128, BLOCK_N=192,
                           BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
-    backend = ProcessBackend("cuda", MATMUL.ref, {"M": 3072, "N": 3072, "K": 3072},
-                             "bfloat16", timing=TimingOptions(warmup_ms=2, rep_ms=10,
-                                                              compile_timeout_s=90,
-                                                              run_timeout_s=30))
-    try:
-        [m] = backend.measure([config])
-    finally:
-        backend.close()
+    m = measure_one(MATMUL.ref, {"M": 3072, "N": 3072, "K": 3072}, "bfloat16", config)
     assert m.ok, m
     assert m.ms is not None and m.ms > 0

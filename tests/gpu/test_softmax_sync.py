@@ -10,22 +10,14 @@ pipeline measures and verifies a SYNC config like any other."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from search_spaces.softmax import KERNEL as SOFTMAX
+from tests.gpu.child import measure_one, run_check
 from tests.gpu.smi import Gpu
-from tuner.backends import TimingOptions
-from tuner.backends.process import ProcessBackend
 from tuner.config import KernelConfig
 
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = r"""
 import torch
@@ -72,25 +64,14 @@ for m, n, dtype, split, block, warps, stages in cases:
 
 def test_one_launch_split_rows_are_right_repeatable_and_reset_their_counters(
         cuda_machine: list[Gpu]):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok ") == 4, done.stdout
+    out = run_check(CHECK)
+    assert out.count("ok ") == 4, out
 
 
 def test_the_pipeline_verifies_and_times_a_one_launch_config(cuda_machine: list[Gpu]):
     shape = {"M": 16, "N": 131072}
     sync = KernelConfig(BLOCK_N=16384, ROWS=1, SPLIT=8, PROGRAMS_PER_SM=0, EVICT=0, SYNC=1,
                         num_warps=16, num_stages=1)
-    backend = ProcessBackend("cuda", SOFTMAX.ref, shape, "float16",
-                             timing=TimingOptions(warmup_ms=2, rep_ms=10,
-                                                  compile_timeout_s=90, run_timeout_s=30))
-    try:
-        [m] = backend.measure([sync])
-    finally:
-        backend.close()
+    m = measure_one(SOFTMAX.ref, shape, "float16", sync)
     assert m.ok, m
     assert m.ms is not None and m.ms > 0

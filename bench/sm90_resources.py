@@ -63,6 +63,15 @@ def resources(compiled: Any) -> tuple[str, int]:
     return " ".join(fields), int(compiled.metadata.shared)
 
 
+def write_table(lines: list[str], out: str | None) -> int:
+    """Print the table's lines, and write them to ``out`` too where one is given; exit 0."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    return 0
+
+
 def compile_kernel(fn: Any, variant: str, tile: tuple[int, ...]) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -121,11 +130,7 @@ def main() -> int:
                     f"local_alloc : () -> !ttg.memdesc<{tile[4]}x{tile[0]}x{tile[2]}x")
                 lines.append(f"| {rev or 'working tree'} | {variant} | {tile[0]}x{tile[1]}, "
                              f"{tile[3]}, {tile[4]} | {regs} | {shared} | {buffers} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return write_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def main() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from bench.sm90_resources import resources
+    from bench.sm90_resources import resources, write_table
 
     module = load_kernels()
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32",
@@ -84,11 +84,7 @@ def main() -> int:
                   else "no")
         regs, shared = resources(compiled)
         lines.append(f"| {bm}x{bn}, {warps}, {stages} | {ws} | {regs} | {shared} | {region} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return write_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Issue 14's flash-attention targets: the configs the H200 measured best, each plain and with
-Triton's warp specialisation of its key loops (the kernel's WS switch), timed beside torch's
-SDPA (flash backend) in this one process.
+"""Issue 14's flash-attention targets: the configs the H200 measured best, each plain, with the
+query block held as two interleaved halves (the kernel's SUBTILE switch) and, with ``--ws``,
+with Triton's warp specialisation of its key loops (WS), timed beside torch's SDPA (flash
+backend) in this one process.
 
 Each config is checked against the space's constraints, run once and verified against the
 fp32 reference, then timed with ``triton.testing.do_bench`` interleaved with SDPA, round by
@@ -9,7 +10,7 @@ tuner's protocol: ``bench/targets.py`` tunes the same problems with the product.
 
 Usage (on the GPU machine)::
 
-    python3 -m bench.flash_variants [--only causal] [--rounds 3]
+    python3 -m bench.flash_variants [--only causal] [--rounds 3] [--ws]
 
 ``--smoke`` runs and verifies every config once on the CPU interpreter, on a small shape with
 the same head dim, in float16, untimed.
@@ -24,18 +25,22 @@ from collections.abc import Callable
 
 from bench.matmul_variants import timed_interleaved, verified_once
 
-#: (kernel, shape, dtype, target, [(BLOCK_M, BLOCK_N, num_warps, num_stages, TMA)])
+#: (kernel, shape, dtype, target, [(BLOCK_M, BLOCK_N, num_warps, num_stages, TMA)]), each
+#: timed whole and as two halves (SUBTILE 0 and 1)
 TARGETS: list[tuple[str, dict[str, int], str, float, list[tuple[int, ...]]]] = [
     ("flash_attention_causal", {"B": 4, "H": 32, "S": 4096, "D": 128}, "bfloat16", 0.85,
-     [(128, 64, 4, 2, 1), (128, 128, 8, 3, 1), (128, 64, 8, 3, 0)]),
+     [(128, 64, 4, 2, 1), (128, 128, 8, 3, 1), (128, 64, 8, 3, 0), (128, 128, 8, 2, 1)]),
     ("flash_attention", {"B": 16, "H": 16, "S": 1024, "D": 64}, "float16", 0.85,
      [(128, 64, 8, 3, 0), (128, 64, 4, 3, 0), (128, 64, 8, 3, 1)]),
 ]
-#: WS values timed for each config: the plain kernel and the warp-specialised key loops
-WS_VALUES = ((0, ""), (1, " (warp-specialised)"))
+#: (WS, SUBTILE, label) timed for each tile: the plain kernel, the query block as two
+#: interleaved halves; with --ws also the warp-specialised key loops
+SWITCHES = ((0, 0, ""), (0, 1, ""))
+WS_SWITCH = (1, 0, " (warp-specialised)")
 
 
-def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
+def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print,
+        ws: bool = False) -> int:
     from search_spaces import get_kernel
     from search_spaces.flash_attention import flash_attention
     from tuner.config import KernelConfig
@@ -54,14 +59,14 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
         space, ctx = kernel.space(), ProblemContext(shape, dtype)
         rows, fns = [], []
         for bm, bn, warps, stages, tma in tiles:
-            config = KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
-                                  TMA=tma)
-            reason = space.violation(config, ctx)
-            if reason and not smoke:
-                log(f"  {config.key()}: pruned ({reason})")
-                continue
-            for ws, label in WS_VALUES:
-                fn = (lambda c=config, w=ws, x=inputs, causal=kernel.causal:
+            for w, sub, label in SWITCHES + ((WS_SWITCH,) if ws else ()):
+                config = KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                      num_stages=stages, TMA=tma, SUBTILE=sub)
+                reason = space.violation(config, ctx)
+                if reason and not smoke:
+                    log(f"  {config.key()}: pruned ({reason})")
+                    continue
+                fn = (lambda c=config, w=w, x=inputs, causal=kernel.causal:
                       flash_attention(x["q"], x["k"], x["v"], x["out"], causal, c,
                                       warp_spec=w))
                 ok = verified_once(fn, inputs["out"], ref, kernel, dtype, config.key() + label,
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="kernels whose name contains this text")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, small shapes")
+    parser.add_argument("--ws", action="store_true", help="also the warp-specialised rows")
     args = parser.parse_args(argv)
     if args.smoke:  # before the kernel module is imported
         os.environ["TRITON_INTERPRET"] = "1"
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.smoke and torch.cuda.is_available():
         print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
-    return run(args.only, args.rounds, args.smoke)
+    return run(args.only, args.rounds, args.smoke, ws=args.ws)
 
 
 if __name__ == "__main__":

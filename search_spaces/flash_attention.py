@@ -82,6 +82,39 @@ def _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexp
 
 
 @triton.jit
+def _online_softmax(qk, m_i, l_i, cols, offs_m, S, qk_scale, MASKED: tl.constexpr,
+                    CAUSAL: tl.constexpr):
+    """One key block's scores ``qk`` folded into the rows' running max ``m_i`` and sum
+    ``l_i``: (p, the factor the accumulator is rescaled by, the new sum, the new max). MASKED
+    blocks mask keys past S (and, causal, keys after the query)."""
+    if MASKED:
+        keep = cols[None, :] < S
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= cols[None, :])
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        qk = qk - m_new[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_new[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _load_kv(tile, key_row, start_n, keys_ok, d_ok, HEAD_DIM: tl.constexpr,
+             MASKED: tl.constexpr, MASK_D: tl.constexpr, TMA: tl.constexpr):
+    """The key block at ``start_n`` of K or V: by descriptor (TMA) or by pointers (one
+    return: Triton 3.6 compiles the statements after a constexpr branch's return too)."""
+    if TMA:
+        block = tile.load([key_row + start_n, 0])
+    else:
+        block = _load_tile(tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
+    return block
+
+
+@triton.jit
 def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo, hi, S,
             qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
             CAUSAL: tl.constexpr, MASK_D: tl.constexpr, TMA: tl.constexpr,
@@ -94,31 +127,55 @@ def _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n, d_ok, lo,
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         keys_ok = cols[:, None] < S
-        if TMA:
-            k = k_tile.load([key_row + start_n, 0])
-        else:
-            k = _load_tile(k_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
+        k = _load_kv(k_tile, key_row, start_n, keys_ok, d_ok, HEAD_DIM, MASKED, MASK_D, TMA)
         qk = tl.dot(q, tl.trans(k))
-        if MASKED:
-            keep = cols[None, :] < S
-            if CAUSAL:
-                keep = keep & (offs_m[:, None] >= cols[None, :])
-            qk = tl.where(keep, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_new[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_new[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if TMA:
-            v = v_tile.load([key_row + start_n, 0])
-        else:
-            v = _load_tile(v_tile + start_n * HEAD_DIM, keys_ok, d_ok, MASKED, MASK_D)
+        p, alpha, l_i, m_new = _online_softmax(qk, m_i, l_i, cols, offs_m, S, qk_scale,
+                                               MASKED, CAUSAL)
+        v = _load_kv(v_tile, key_row, start_n, keys_ok, d_ok, HEAD_DIM, MASKED, MASK_D, TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_halves(acc0, l0, m0, acc1, l1, m1, q0, q1, k_tile, v_tile, key_row, offs_m0,
+                   offs_m1, offs_n, d_ok, lo, hi, S, qk_scale, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   MASK_D: tl.constexpr, TMA: tl.constexpr):
+    """``_attend`` for a query block held as two halves (SUBTILE): both halves' scores are
+    asked of the tensor cores before either half's softmax, so that one half's exponentials
+    can run while the other's MMAs do."""
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        keys_ok = cols[:, None] < S
+        k = tl.trans(_load_kv(k_tile, key_row, start_n, keys_ok, d_ok, HEAD_DIM, MASKED,
+                              MASK_D, TMA))
+        qk0 = tl.dot(q0, k)
+        qk1 = tl.dot(q1, k)
+        p0, alpha0, l0, n0 = _online_softmax(qk0, m0, l0, cols, offs_m0, S, qk_scale, MASKED,
+                                             CAUSAL)
+        v = _load_kv(v_tile, key_row, start_n, keys_ok, d_ok, HEAD_DIM, MASKED, MASK_D, TMA)
+        acc0 = tl.dot(p0.to(v.dtype), v, acc0 * alpha0[:, None])
+        p1, alpha1, l1, n1 = _online_softmax(qk1, m1, l1, cols, offs_m1, S, qk_scale, MASKED,
+                                             CAUSAL)
+        acc1 = tl.dot(p1.to(v.dtype), v, acc1 * alpha1[:, None])
+        m0 = n0
+        m1 = n1
+    return acc0, l0, m0, acc1, l1, m1
+
+
+@triton.jit
+def _store_rows(out_ptr, head, offs_m, offs_d, d_ok, acc, l_i, S, HEAD_DIM: tl.constexpr,
+                MASK_D: tl.constexpr):
+    """Rows ``offs_m`` of the output: the accumulator over its sum, rows past S not stored."""
+    rows_ok = offs_m[:, None] < S
+    out = (acc / l_i[:, None]).to(out_ptr.dtype.element_ty)
+    out_tile = out_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    if MASK_D:
+        tl.store(out_tile, out, mask=rows_ok & d_ok)
+    else:
+        tl.store(out_tile, out, mask=rows_ok)
 
 
 @triton.jit
@@ -146,23 +203,21 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale, group,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, MASK_D: tl.constexpr,
-                            TMA: tl.constexpr, WS: tl.constexpr = 0):
+                            TMA: tl.constexpr, WS: tl.constexpr = 0,
+                            SUBTILE: tl.constexpr = 0):
     # WS (benchmarks only, bench.flash_variants): 1 asks Triton to warp-specialise the key
     # loops (K/V loads, the two MMAs and the softmax in separate warp groups); 0 (the product)
-    # does not.
+    # does not. SUBTILE: 1 holds the query block as two halves whose MMAs and softmaxes
+    # interleave (``_attend_halves``); a config without it (stored before it existed) is 0.
     # One grid axis: B * H may pass the 65,535 of the others
     num_m = tl.cdiv(S, BLOCK_M)
     bh, start_m = _query_block(tl.program_id(0), num_m, tl.num_programs(0) // num_m, group,
                                CAUSAL)
     head = bh.to(tl.int64) * S * HEAD_DIM  # B * H * S * D may pass 2**31; one head may not
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d[None, :] < HEAD_DIM
-    rows_ok = offs_m[:, None] < S
-    q_tile = q_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = _load_tile(q_tile, rows_ok, d_ok, True, MASK_D)
     if TMA:  # k_ptr, v_ptr are descriptors: the hardware copies the tiles
         k_tile = k_ptr
         v_tile = v_ptr
@@ -170,35 +225,49 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale, group,
         k_tile = k_ptr + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         v_tile = v_ptr + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     key_row = bh * S  # this head's key 0 in the (B * H * S, D) views (TMA)
-
-    m_i = tl.full([BLOCK_M], NEG, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if CAUSAL:
         # keys before the block's first row: every row sees them all, no mask
-        diagonal = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
-                                d_ok, 0, diagonal, S, qk_scale, HEAD_DIM, BLOCK_N, False,
-                                CAUSAL, MASK_D, TMA, WS)
-        end = tl.minimum((start_m + 1) * BLOCK_M, S)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
-                                d_ok, diagonal, end, S, qk_scale, HEAD_DIM, BLOCK_N, True,
-                                CAUSAL, MASK_D, TMA, WS)
-    else:
-        full = S // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
-                                d_ok, 0, full, S, qk_scale, HEAD_DIM, BLOCK_N, False,
-                                CAUSAL, MASK_D, TMA, WS)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
-                                d_ok, full, S, S, qk_scale, HEAD_DIM, BLOCK_N, True,
-                                CAUSAL, MASK_D, TMA, WS)
+        lo = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
+        hi = tl.minimum((start_m + 1) * BLOCK_M, S)
+    else:  # whole key blocks unmasked, then the last partial one
+        lo = S // BLOCK_N * BLOCK_N
+        hi = S
 
-    out = acc / l_i[:, None]
-    out_tile = out_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    if MASK_D:
-        tl.store(out_tile, out.to(out_ptr.dtype.element_ty), mask=rows_ok & d_ok)
+    if SUBTILE:
+        offs_m0 = start_m * BLOCK_M + tl.arange(0, BLOCK_M // 2)
+        offs_m1 = offs_m0 + BLOCK_M // 2
+        q0 = _load_tile(q_ptr + head + offs_m0[:, None] * HEAD_DIM + offs_d[None, :],
+                        offs_m0[:, None] < S, d_ok, True, MASK_D)
+        q1 = _load_tile(q_ptr + head + offs_m1[:, None] * HEAD_DIM + offs_d[None, :],
+                        offs_m1[:, None] < S, d_ok, True, MASK_D)
+        m0 = tl.full([BLOCK_M // 2], NEG, tl.float32)
+        l0 = tl.zeros([BLOCK_M // 2], tl.float32)
+        acc0 = tl.zeros([BLOCK_M // 2, BLOCK_D], tl.float32)
+        m1 = tl.full([BLOCK_M // 2], NEG, tl.float32)
+        l1 = tl.zeros([BLOCK_M // 2], tl.float32)
+        acc1 = tl.zeros([BLOCK_M // 2, BLOCK_D], tl.float32)
+        acc0, l0, m0, acc1, l1, m1 = _attend_halves(
+            acc0, l0, m0, acc1, l1, m1, q0, q1, k_tile, v_tile, key_row, offs_m0, offs_m1,
+            offs_n, d_ok, 0, lo, S, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, MASK_D, TMA)
+        acc0, l0, m0, acc1, l1, m1 = _attend_halves(
+            acc0, l0, m0, acc1, l1, m1, q0, q1, k_tile, v_tile, key_row, offs_m0, offs_m1,
+            offs_n, d_ok, lo, hi, S, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, MASK_D, TMA)
+        _store_rows(out_ptr, head, offs_m0, offs_d, d_ok, acc0, l0, S, HEAD_DIM, MASK_D)
+        _store_rows(out_ptr, head, offs_m1, offs_d, d_ok, acc1, l1, S, HEAD_DIM, MASK_D)
     else:
-        tl.store(out_tile, out.to(out_ptr.dtype.element_ty), mask=rows_ok)
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        q = _load_tile(q_ptr + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+                       offs_m[:, None] < S, d_ok, True, MASK_D)
+        m_i = tl.full([BLOCK_M], NEG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
+                                d_ok, 0, lo, S, qk_scale, HEAD_DIM, BLOCK_N, False,
+                                CAUSAL, MASK_D, TMA, WS)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_tile, v_tile, key_row, offs_m, offs_n,
+                                d_ok, lo, hi, S, qk_scale, HEAD_DIM, BLOCK_N, True,
+                                CAUSAL, MASK_D, TMA, WS)
+        _store_rows(out_ptr, head, offs_m, offs_d, d_ok, acc, l_i, S, HEAD_DIM, MASK_D)
 
 
 def block_d(head_dim: int) -> int:
@@ -297,11 +366,13 @@ def _registers(config: KernelConfig, ctx: ProblemContext) -> str | None:
 
 
 def _rows_per_warp(config: KernelConfig, ctx: ProblemContext) -> str | None:
-    """Each warp owns 16 whole query rows or more: with fewer, warps split rows, and every
-    block's row max and row sum go through shared memory between warps."""
-    if config["BLOCK_M"] < 16 * config["num_warps"]:
-        return (f"BLOCK_M={config['BLOCK_M']} gives {config['num_warps']} warps fewer than 16 "
-                "rows each")
+    """Each warp owns 16 whole query rows or more (of each half, with SUBTILE): with fewer,
+    warps split rows, and every block's row max and row sum go through shared memory between
+    warps."""
+    bm, warps, halves = config["BLOCK_M"], config["num_warps"], config.get("SUBTILE", 0)
+    if (bm // 2 if halves else bm) < 16 * warps:
+        what = f"half of BLOCK_M={bm} (SUBTILE=1)" if halves else f"BLOCK_M={bm}"
+        return f"{what} gives {warps} warps fewer than 16 rows each"
     return None
 
 
@@ -331,21 +402,26 @@ def _redundant_block(config: KernelConfig, ctx: ProblemContext) -> str | None:
     return None
 
 
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA) known to run well on sm90, most likely first.
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA, SUBTILE) known to run well on sm90, most
+#: likely first.
 #: Wide heads (D > 64), measured on the H200 (bf16 B4 H32 S4096 D128 causal): 128x64 with 4
 #: warps, 2 stages and TMA (1.246 ms: 96 KiB and <= 255 registers a thread let two programs
 #: share an SM and take turns), 128x128 with 8 warps and 3 stages (1.28-1.30 ms, TMA or not),
 #: 256x64 with 8 warps and TMA (1.35 ms); 128x64 with 8 warps and 2 stages ran 1.63 ms. Narrow
 #: heads (fp16 B16 H16 S1024 D64): 128x64 with 8 or 4 warps, 3-4 stages (0.194-0.198 ms).
+#: The first wide one as two halves (SUBTILE) took 1.165 ms against 1.218 whole in one run
+#: (bench/NOTES.md); narrow heads tie.
 _KNOWN_GOOD = {
-    "wide": [(128, 64, 4, 2, 1), (128, 128, 8, 3, 1), (128, 128, 8, 3, 0), (256, 64, 8, 3, 1),
-             (128, 64, 8, 3, 0), (128, 64, 4, 2, 0), (128, 128, 8, 2, 1), (64, 64, 4, 3, 1),
-             (64, 64, 4, 3, 0), (128, 64, 8, 4, 0)],
-    "narrow": [(128, 64, 8, 3, 0), (128, 64, 4, 3, 0), (128, 64, 8, 4, 0), (128, 64, 8, 3, 1),
-               (64, 64, 4, 3, 0), (128, 64, 4, 4, 0), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
-               (128, 128, 8, 3, 0), (128, 32, 4, 4, 0)],
+    "wide": [(128, 64, 4, 2, 1, 1), (128, 64, 4, 2, 1, 0), (128, 128, 8, 3, 1, 0),
+             (128, 128, 8, 3, 0, 0), (256, 64, 8, 3, 1, 0), (128, 64, 8, 3, 0, 0),
+             (128, 64, 4, 2, 0, 1), (128, 128, 8, 2, 1, 0), (64, 64, 4, 3, 1, 0),
+             (64, 64, 4, 3, 0, 0), (128, 64, 8, 4, 0, 0)],
+    "narrow": [(128, 64, 8, 3, 0, 0), (128, 64, 4, 3, 0, 0), (128, 64, 4, 3, 0, 1),
+               (128, 64, 8, 4, 0, 0), (128, 64, 8, 3, 1, 0), (64, 64, 4, 3, 0, 0),
+               (128, 64, 4, 4, 0, 0), (128, 64, 4, 2, 1, 0), (64, 64, 4, 3, 1, 0),
+               (128, 128, 8, 3, 0, 0), (128, 32, 4, 4, 0, 0)],
 }
-_PARAMS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
+_PARAMS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "SUBTILE")
 #: K/V tiles by pointer loads (0) or by the Hopper's tensor memory accelerator (1), where
 #: this Triton has host-side descriptors
 TMA_VALUES = (0, 1) if TensorDescriptor is not None else (0,)
@@ -430,6 +506,7 @@ class FlashAttentionKernel:
                 Param.pow2("num_warps", 1, 16),
                 Param.ints("num_stages", (1, 2, 3, 4, 5)),
                 Param("TMA", TMA_VALUES, "categorical"),
+                Param("SUBTILE", (0, 1), "categorical"),
             ),
             constraints=(_shared_memory, _registers, _rows_per_warp, _redundant_block, _tma),
         )
@@ -449,7 +526,8 @@ class FlashAttentionKernel:
             stages -= 1
         while bn > 16 and elem * d * (bm + 2 * stages * bn) > DEFAULT_SMEM_LIMIT:
             bn //= 2
-        return KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, TMA=0)
+        return KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, TMA=0,
+                            SUBTILE=0)
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
         """The default, then the configs measured best on sm90 for this head dim
@@ -458,7 +536,7 @@ class FlashAttentionKernel:
         listed = _KNOWN_GOOD["wide" if shape.get("D", 64) > 64 else "narrow"]
         configs = [self.default_config(shape, dtype)]
         configs += [KernelConfig(dict(zip(_PARAMS, c, strict=True))) for c in listed
-                    if c[-1] in TMA_VALUES]
+                    if c[4] in TMA_VALUES]
         space = self.space()
         ctx = ProblemContext({"B": 1, "H": 1, "S": 1024, "D": 64, **shape}, dtype)
         return [c for c in dict.fromkeys(configs) if space.violation(c, ctx) is None]

@@ -48,6 +48,12 @@ CONFIGS = [
     KernelConfig(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=2, TMA=0),
 ]
 TMA = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=2, TMA=1)
+#: the query block as two interleaved halves (SUBTILE): halves of 16 rows against key blocks
+#: of 16 and 32 (so that the causal diagonal falls in the first half, the second, or both),
+#: by pointers and by descriptors
+HALVES = [KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=1, num_stages=2, TMA=0, SUBTILE=1),
+          KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=1, num_stages=2, TMA=0, SUBTILE=1),
+          KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=1, num_stages=2, TMA=1, SUBTILE=1)]
 #: S = 1, 17, 33 (a partial last block of queries and keys), 32 (whole blocks); D = 16 and 32
 #: (the tile's width) and 24 (a tile padded to 32)
 SHAPES = [{"B": 2, "H": 1, "S": 1, "D": 16}, {"B": 1, "H": 2, "S": 17, "D": 32},
@@ -81,7 +87,8 @@ def test_matches_the_fp32_reference_on_odd_shapes(name, shape, dtype):
     ctx = ProblemContext(shape, dtype)
     tma = [TMA] if kernel.space().violation(TMA, ctx) is None else []
     assert bool(tma) == (shape["D"] != 24)  # TMA needs an unpadded power-of-two head dim
-    for config in CONFIGS + tma:
+    halves = [c for c in HALVES if c["TMA"] == 0 or tma]
+    for config in CONFIGS + tma + halves:
         inputs = run(kernel, shape, dtype, config)
         result = check(kernel, inputs["out"], inputs, dtype)
         assert isinstance(result, float), (config, result)
@@ -89,7 +96,7 @@ def test_matches_the_fp32_reference_on_odd_shapes(name, shape, dtype):
 
 def test_causal_query_zero_sees_only_key_zero():
     """Row 0 attends to key 0 alone: its weight is exactly 1 and its output is v's row 0."""
-    for config in CONFIGS:
+    for config in CONFIGS + HALVES:
         inputs = run(CAUSAL, {"B": 2, "H": 2, "S": 33, "D": 16}, "float16", config)
         assert torch.equal(inputs["out"][:, :, 0, :], inputs["v"][:, :, 0, :]), config
 
@@ -145,10 +152,12 @@ def test_large_scores_stay_finite_and_right(name):
     shape, dtype = {"B": 1, "H": 2, "S": 40, "D": 16}, "float32"
     inputs = kernel.make_inputs(shape, dtype, "cpu", seed=3)
     inputs["q"] *= 40.0
-    kernel.launch(CONFIGS[1], inputs)
-    assert bool(torch.isfinite(inputs["out"]).all())
-    result = check(kernel, inputs["out"], inputs, dtype)
-    assert isinstance(result, float), result
+    for config in (CONFIGS[1], HALVES[0]):
+        inputs["out"].fill_(float("nan"))
+        kernel.launch(config, inputs)
+        assert bool(torch.isfinite(inputs["out"]).all()), config
+        result = check(kernel, inputs["out"], inputs, dtype)
+        assert isinstance(result, float), (config, result)
 
 
 def ulps_at_row_scale(ref: torch.Tensor, dtype: str, ulps: float) -> torch.Tensor:
@@ -236,6 +245,13 @@ def test_the_space_rejects_configs_that_cannot_run_well():
         KernelConfig(config, BLOCK_M=256, num_warps=16, num_stages=1), ctx)
     assert "fewer than 16 rows" in space.violation(
         KernelConfig(config, BLOCK_M=64, BLOCK_N=64, num_stages=2), ctx)
+    # two halves of 64 rows: 4 warps have 16 rows each, 8 warps would split rows (measured
+    # 2x slower on the H200)
+    halves = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, TMA=1, SUBTILE=1)
+    assert space.violation(halves, ctx) is None
+    assert "half of BLOCK_M=128 (SUBTILE=1)" in space.violation(
+        KernelConfig(halves, num_warps=8), ctx)
+    assert space.violation(KernelConfig(halves, num_warps=8, SUBTILE=0), ctx) is None
     short = ProblemContext({"B": 1, "H": 1, "S": 17, "D": 16}, "float16")
     assert "longer than S=17" in space.violation(
         KernelConfig(config, BLOCK_M=16, BLOCK_N=64, num_warps=1, num_stages=2), short)
@@ -268,7 +284,7 @@ def test_default_and_known_good_configs_pass_the_constraints(dtype):
 def test_the_target_problems_get_the_tutorial_s_configs():
     for kernel, shape, dtype in TARGETS:
         default = kernel.default_config(shape, dtype)
-        assert default.meta == {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0}
+        assert default.meta == {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "SUBTILE": 0}
         assert default.num_warps == (8 if shape["D"] == 128 else 4)
         assert len(kernel.known_good_configs(shape, dtype)) >= 8
 
@@ -424,7 +440,9 @@ H200_FULL_MS = {
 
 
 def as_config(t: tuple[int, ...]) -> KernelConfig:
-    return KernelConfig(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3], TMA=t[4])
+    """(BLOCK_M, BLOCK_N, warps, stages, TMA[, SUBTILE]) as a config (SUBTILE 0 if absent)."""
+    return KernelConfig(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3], TMA=t[4],
+                        SUBTILE=t[5] if len(t) > 5 else 0)
 
 
 def rank_correlation(xs: list[float], ys: list[float]) -> float:
@@ -465,11 +483,12 @@ def test_the_prior_orders_the_h200_s_measurements(kernel, shape, dtype, measured
 @pytest.mark.skipif(1 not in TMA_VALUES, reason="this Triton has no host-side TMA descriptors")
 def test_a_short_search_starts_with_the_h200_s_best_causal_config():
     """The known-good configs a search tries first (after stored bests) on the causal
-    target: the H200's fastest (128x64, 4 warps, 2 stages, TMA) leads, 128x128 with 8 warps
-    and 3 stages is among them; below sm90 no TMA config is offered."""
+    target: the H200's fastest (128x64, 4 warps, 2 stages, TMA, as two halves) leads, then
+    the same tile whole; 128x128 with 8 warps and 3 stages is among them; below sm90 no TMA
+    config is offered."""
     kernel, shape, dtype = TARGETS[0]
     first = known_good_first(kernel, shape, dtype)
-    assert first[0] == as_config((128, 64, 4, 2, 1))
+    assert first[:2] == [as_config((128, 64, 4, 2, 1, 1)), as_config((128, 64, 4, 2, 1))]
     assert {as_config((128, 128, 8, 3, 1)), as_config((128, 128, 8, 3, 0))} & set(first)
     ampere = ProblemContext(shape, dtype, capability=80)
     older = known_good_first(kernel, shape, dtype, ctx=ampere)

@@ -249,9 +249,17 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, S, qk_scale, group,
         acc0, l0, m0, acc1, l1, m1 = _attend_halves(
             acc0, l0, m0, acc1, l1, m1, q0, q1, k_tile, v_tile, key_row, offs_m0, offs_m1,
             offs_n, d_ok, 0, lo, S, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, MASK_D, TMA)
+        # causal: the first half's rows see no key past its last row, so the key blocks after
+        # it are the second half's alone
+        mid = tl.minimum(tl.cdiv(start_m * BLOCK_M + BLOCK_M // 2, BLOCK_N) * BLOCK_N, hi)
+        if not CAUSAL:
+            mid = hi
         acc0, l0, m0, acc1, l1, m1 = _attend_halves(
             acc0, l0, m0, acc1, l1, m1, q0, q1, k_tile, v_tile, key_row, offs_m0, offs_m1,
-            offs_n, d_ok, lo, hi, S, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, MASK_D, TMA)
+            offs_n, d_ok, lo, mid, S, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, MASK_D, TMA)
+        acc1, l1, m1 = _attend(acc1, l1, m1, q1, k_tile, v_tile, key_row, offs_m1, offs_n,
+                               d_ok, mid, hi, S, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL,
+                               MASK_D, TMA)
         _store_rows(out_ptr, head, offs_m0, offs_d, d_ok, acc0, l0, S, HEAD_DIM, MASK_D)
         _store_rows(out_ptr, head, offs_m1, offs_d, d_ok, acc1, l1, S, HEAD_DIM, MASK_D)
     else:

@@ -28,6 +28,12 @@ tutorial's Hopper path: no address arithmetic in the loop, fewer registers). A d
 last key block of a head may run into the next head's rows (zeros past the tensor's end):
 those keys are past S, masked to -inf, and their V rows weighted by exactly 0.
 
+``SUBTILE=1`` holds the query block as two halves of BLOCK_M / 2 rows (``_attend_halves``):
+both halves' score MMAs are issued before either half's softmax, so that on Hopper, whose MMAs
+run asynchronously, one half's exponentials overlap the other half's MMAs (measured 4-5%
+faster on the causal D128 target with 4 warps; ties at D64). Causal, the key blocks past the
+first half's last row are the second half's alone.
+
 Any head dim up to 256: the tile's D is BLOCK_D = max(16, next_pow2(D)) (``tl.dot`` needs 16),
 masked only when it is wider than D (a constexpr decision: power-of-two D loads unmasked).
 

@@ -8,7 +8,8 @@ module would import torch), compiles the kernel for sm_90 (bf16) on each row of 
 reports the registers and stack per thread (cuobjdump), the shared memory Triton asks for,
 whether the TTGIR holds a warp-specialised region (``ttg.warp_specialize``, the partitions
 Triton's automatic warp specialisation makes) or only the loop's request
-(``tt.warp_specialize``).
+(``tt.warp_specialize``), and, for 2-CTA clusters (``num_ctas``), whether the PTX multicasts a
+TMA load to both CTAs.
 
 Usage (CPU)::
 
@@ -26,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages, WS); BLOCK_K 64, GROUP_M 8
-ROWS = [(128, 256, 8, 3, 0), (128, 256, 8, 3, 1), (128, 256, 8, 3, 2),
-        (128, 128, 4, 5, 0), (128, 128, 4, 5, 1), (128, 128, 4, 5, 2),
-        (128, 192, 8, 4, 0), (128, 192, 8, 4, 2), (128, 192, 4, 4, 0), (128, 192, 4, 4, 1),
-        (128, 192, 4, 4, 2)]
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages, WS, num_ctas); BLOCK_K 64, GROUP_M 8. The last
+#: rows ask for 2-CTA clusters (``num_ctas``), where cuBLAS's sm90 kernels multicast a TMA
+#: load to both CTAs.
+ROWS = [(128, 256, 8, 3, 0, 1), (128, 256, 8, 3, 1, 1), (128, 256, 8, 3, 2, 1),
+        (128, 128, 4, 5, 0, 1), (128, 128, 4, 5, 1, 1), (128, 128, 4, 5, 2, 1),
+        (128, 192, 8, 4, 0, 1), (128, 192, 8, 4, 2, 1), (128, 192, 4, 4, 0, 1),
+        (128, 192, 4, 4, 1, 1), (128, 192, 4, 4, 2, 1), (128, 256, 8, 3, 0, 2),
+        (128, 192, 4, 4, 0, 2)]
 
 
 def load_kernels() -> Any:
@@ -68,22 +72,30 @@ def main() -> int:
     lines = ["# matmul's TMA persistent kernel compiled for sm_90 by this Triton", "",
              f"Command: `python -m bench.sm90_ttgir {' '.join(sys.argv[1:])}`; Triton "
              f"{triton.__version__}, no GPU.", "",
-             "| BLOCK_MxBLOCK_N, warps, stages | WS | registers, stack (B) | shared (B) | "
-             "warp-specialised region |", "| --- | --- | --- | --- | --- |"]
-    for bm, bn, warps, stages, ws in ROWS:
+             "| BLOCK_MxBLOCK_N, warps, stages, CTAs | WS | registers, stack (B) | shared (B) | "
+             "warp-specialised region | TMA multicast in the PTX |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for bm, bn, warps, stages, ws, ctas in ROWS:
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_SMS": 132,
                   "WS": ws, "SPLIT_N": bn - (1 << (bn.bit_length() - 1))}
-        compiled = triton.compile(
-            ASTSource(fn=module._matmul_tma_persistent_kernel, signature=sig,
-                      constexprs=consts),
-            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
-                                                      "num_stages": stages})
+        row = f"| {bm}x{bn}, {warps}, {stages}, {ctas} | {ws} |"
+        try:
+            compiled = triton.compile(
+                ASTSource(fn=module._matmul_tma_persistent_kernel, signature=sig,
+                          constexprs=consts),
+                target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": warps, "num_stages": stages, "num_ctas": ctas})
+        except Exception as exc:  # noqa: BLE001 - a build this Triton refuses is a row too
+            why = str(exc).splitlines()[-1][:120] if str(exc) else type(exc).__name__
+            lines.append(f"{row} build FAILED: {why} | - | - | - |")
+            continue
         ttgir = compiled.asm["ttgir"]
         region = ("yes" if "ttg.warp_specialize" in ttgir else
                   "no (only `tt.warp_specialize` on the loop)" if "tt.warp_specialize" in ttgir
                   else "no")
         regs, shared = resources(compiled)
-        lines.append(f"| {bm}x{bn}, {warps}, {stages} | {ws} | {regs} | {shared} | {region} |")
+        multicast = "yes" if ".multicast::cluster" in compiled.asm["ptx"] else "no"
+        lines.append(f"{row} {regs} | {shared} | {region} | {multicast} |")
     return write_table(lines, args.out)
 
 

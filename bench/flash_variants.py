@@ -31,7 +31,8 @@ TARGETS: list[tuple[str, dict[str, int], str, float, list[tuple[int, ...]]]] = [
     ("flash_attention_causal", {"B": 4, "H": 32, "S": 4096, "D": 128}, "bfloat16", 0.85,
      [(128, 64, 4, 2, 1), (128, 128, 8, 3, 1), (128, 64, 8, 3, 0), (128, 128, 8, 2, 1)]),
     ("flash_attention", {"B": 16, "H": 16, "S": 1024, "D": 64}, "float16", 0.85,
-     [(128, 64, 8, 3, 0), (128, 64, 4, 3, 0), (128, 64, 8, 3, 1)]),
+     [(128, 64, 8, 3, 0), (128, 64, 4, 3, 0), (128, 64, 8, 3, 1), (256, 64, 8, 3, 0),
+      (256, 64, 8, 3, 1)]),
 ]
 #: (WS, SUBTILE, label) timed for each tile: the plain kernel, the query block as two
 #: interleaved halves; with --ws also the warp-specialised key loops

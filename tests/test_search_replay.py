@@ -222,3 +222,40 @@ def test_a_replayed_search_passes_the_incumbent_and_baseline_through(table):
     result = run_search(k, table.shape, table.dtype, ReplayBackend(bare),
                         SearchOptions(trials=6, seed=0))
     assert result.baseline is None and result.incumbent is None
+
+
+def _interrupted_database_call() -> None:
+    """What psycopg raised when Ctrl-C landed inside SQLAlchemy's connection check (CI,
+    tests/test_worker_crashes.py): its own error, the KeyboardInterrupt only its context."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise RuntimeError("can't change 'autocommit' now: connection in transaction "
+                           "status ACTIVE") from None
+
+
+@pytest.mark.parametrize("interrupt", ["plain", "inside a library"])
+def test_an_interrupt_in_the_trial_callback_ends_the_search_with_its_best(table, interrupt):
+    """Ctrl-C while a trial is being stored (the on_trial callback) ends the search as
+    interrupted with the trials so far, whether it arrives as a KeyboardInterrupt or as the
+    error of a library it interrupted; any other error in the callback still propagates."""
+    k = get_kernel("matmul")
+
+    def on_trial(number: int, m) -> None:
+        if number == 5:
+            if interrupt == "plain":
+                raise KeyboardInterrupt
+            _interrupted_database_call()
+
+    result = run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                        SearchOptions(trials=20, seed=1, strategy="random"), on_trial=on_trial)
+    assert result.stop_reason == "interrupted" and len(result.trials) == 5
+    assert result.best is not None and result.best in result.trials
+
+    def broken(number: int, m) -> None:
+        if number == 5:
+            raise RuntimeError("the database is gone")
+
+    with pytest.raises(RuntimeError, match="the database is gone"):
+        run_search(k, table.shape, table.dtype, ReplayBackend(table),
+                   SearchOptions(trials=20, seed=1, strategy="random"), on_trial=broken)

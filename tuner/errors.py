@@ -61,3 +61,18 @@ class BackendUnavailable(TunerError):
 
 class WorkerDied(TunerError):
     pass
+
+
+def interrupted_by(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt (Ctrl-C, or ``tuner tune``'s SIGTERM) or was
+    raised while one was being handled. A library the interrupt lands in may raise its own
+    error from its cleanup instead: psycopg interrupted inside SQLAlchemy's connection check
+    raises ``ProgrammingError: can't change 'autocommit' now``, the KeyboardInterrupt only in
+    its context. Either way the run was interrupted, not broken."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from tuner.backends.base import Backend
 from tuner.config import KernelConfig
+from tuner.errors import interrupted_by
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext, SearchSpace
@@ -291,8 +292,9 @@ class SearchLoop:
 
     def run(self) -> SearchResult:
         """Search until a stop reason. A KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM)
-        ends the search as ``interrupted`` with the trials measured so far; its finalists are
-        the fastest verified trials, not re-timed."""
+        ends the search as ``interrupted`` with the trials measured so far, also where a
+        library it landed in raised its own error instead (``interrupted_by``); its finalists
+        are the fastest verified trials, not re-timed."""
         started = time.monotonic()
         for m in self.options.resume:
             self.strategy.tell(m.config, m)
@@ -306,7 +308,9 @@ class SearchLoop:
         try:
             reason = self._search(started)
             finalists, incumbent, baseline = self._retime_finalists()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Exception) as exc:
+            if not interrupted_by(exc):  # a KeyboardInterrupt, or an error raised under one
+                raise
             reason = "interrupted"
             finalists = self._fastest_verified()
         return SearchResult(

@@ -26,7 +26,7 @@ from search_spaces import get_kernel
 from tuner.backends import TimingOptions, open_backend
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
-from tuner.errors import TunerError, WorkerDied
+from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.roofline import roofline
@@ -207,6 +207,9 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
     except TunerError as exc:
         return _finish(factory, task_id, "failed", None, None, False, str(exc), worker_id)
     except Exception as exc:  # noqa: BLE001 - whatever broke, the task must not stay running
+        if interrupted_by(exc):  # an interrupt a library turned into its own error
+            _finish(factory, task_id, "cancelled", None, None, False, INTERRUPTED, worker_id)
+            raise KeyboardInterrupt from exc
         log.exception("task %s failed unexpectedly", task_id)
         return _finish(factory, task_id, "failed", None, None, False,
                        f"{type(exc).__name__}: {exc}", worker_id)

@@ -3,7 +3,9 @@ machines; migrations applied programmatically with Alembic (no alembic.ini at ru
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +59,31 @@ def make_engine(url: str) -> Engine:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor = dbapi_conn.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the one writer
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+    _set_wal(cursor)  # readers never block the one writer
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
     cursor.close()
+
+
+def _set_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while the file is locked. Switching a new file
+    to WAL takes an exclusive lock, and two connections asking at once (processes starting
+    together on an empty database: CI saw one of four fail) can each hold the shared lock the
+    other must lose: SQLite then answers "database is locked" at once, without its busy
+    handler, to break the deadlock. The loser waits and asks again; by then the file is in
+    WAL mode and the pragma is a read."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -495,3 +495,30 @@ def test_nearest_best_is_the_closest_shape_in_log_space(any_db_url: str):
 def test_shape_distance_counts_doublings():
     assert repo.shape_distance({"M": 8, "N": 8}, {"M": 8, "N": 8}) == 0
     assert repo.shape_distance({"M": 8, "N": 8}, {"M": 32, "N": 4}) == pytest.approx(5 ** 0.5)
+
+
+def test_switching_to_wal_waits_out_a_lock_another_connection_holds():
+    """SQLite answers a WAL switch that would deadlock with "database is locked" at once, not
+    after its busy timeout (CI: one of four processes migrating an empty file at once failed);
+    the switch is asked again until it passes, and other errors are not retried."""
+    import sqlite3
+
+    from db.engine import _set_wal
+
+    class Cursor:
+        def __init__(self, failures: list[str]) -> None:
+            self.failures, self.calls = failures, 0
+
+        def execute(self, sql: str) -> None:
+            assert sql == "PRAGMA journal_mode=WAL"
+            self.calls += 1
+            if self.failures:
+                raise sqlite3.OperationalError(self.failures.pop(0))
+
+    locked = Cursor(["database is locked", "database is locked"])
+    _set_wal(locked)
+    assert locked.calls == 3
+    broken = Cursor(["disk I/O error"])
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _set_wal(broken)
+    assert broken.calls == 1

@@ -181,6 +181,62 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
     return 1 if wrong else 0
 
 
+#: the epilogue target's configs: (VARIANT, tile as in TARGETS)
+EPILOGUE_CONFIGS = [("tma_persistent", (128, 256, 64, 8, 8, 3)),
+                    ("persistent", (128, 256, 64, 8, 8, 4)), ("tiled", (128, 256, 64, 8, 8, 3))]
+
+
+def run_epilogue(rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
+    """bf16 4096^3 C = gelu(A @ B + bias): each epilogue config with the activation computed
+    exactly (exp and division) or by the GPU's tanh approximation (FAST_ACT), and, for
+    tma_persistent, C stored by pointers or by its descriptor (TMA_STORE), beside the plain
+    GEMM of the same tile (matmul's tma_persistent), torch.matmul and the kernel's torch
+    baseline (addmm + gelu), interleaved in this one process."""
+    from search_spaces import matmul_epilogue as me
+    from search_spaces.matmul import KERNEL as MATMUL
+    from tuner.kernel import output_check_of
+    from tuner.verification import compare
+
+    kernel = me.GELU
+    device, dtype = ("cpu", "float16") if smoke else ("cuda", "bfloat16")
+    shape = {"M": 64, "N": 96, "K": 80} if smoke else {"M": 4096, "N": 4096, "K": 4096}
+    x = kernel.make_inputs(shape, dtype, device, seed=0)
+    ref = kernel.reference(x)
+    rows: list[str] = ["torch addmm + gelu (the baseline)", "torch.matmul"]
+    fns: list[Callable[[], Any]] = [lambda: kernel.baseline(x),
+                                    lambda: MATMUL.baseline(x)]
+    plain = _config("tma_persistent", 1, EPILOGUE_CONFIGS[0][1])
+    rows.append(f"matmul (no epilogue) {plain.key()}")
+    fns.append(lambda: MATMUL.launch(plain, x))
+    wrong = 0
+    for variant, tile in EPILOGUE_CONFIGS:
+        config = _config(variant, 1, tile)
+        config = type(config)({k: v for k, v in config.items() if k != "SPLIT_K"})
+        for fast in ((False,) if smoke else (False, True)):
+            for tma in ((False, True) if variant == "tma_persistent" else (False,)):
+                label = f"{config.key()} FAST_ACT={int(fast)} TMA_STORE={int(tma)}"
+
+                def launch(c=config, f=fast, t=tma) -> None:
+                    me.matmul_epilogue(x["a"], x["b"], x["bias"], None, x["out"], "gelu", c,
+                                       fast_act=f, tma_store=t)
+                ok = verified_once(launch, x["out"], ref, kernel, dtype, label, log)
+                if not ok:
+                    wrong += ok is False
+                    continue
+                rows.append(label)
+                fns.append(launch)
+    if smoke:
+        log(f"epilogue: {len(fns) - 2} configs right on the interpreter")
+        return 1 if wrong else 0
+    check = compare(x["out"], ref, kernel.tolerance(dtype), dtype, output_check_of(kernel))
+    assert isinstance(check, float), check
+    ms = timed_interleaved(fns, rounds)
+    log(f"gelu(A @ B + bias) bf16 4096^3 (target 1.15x the baseline): baseline {ms[0]:.4f} ms")
+    for label, t in sorted(zip(rows, ms, strict=True), key=lambda r: r[1]):
+        log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {label}")
+    return 1 if wrong else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="", help="targets whose shape contains this text")
@@ -189,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
+    if args.only == "epilogue":
+        return run_epilogue(args.rounds, args.smoke)
     return run(args.only, args.rounds, args.smoke)
 
 

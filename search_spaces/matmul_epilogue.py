@@ -25,6 +25,7 @@ launcher) -> ``MatmulEpilogueKernel`` (the TunableKernel, one instance per epilo
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -64,23 +65,50 @@ _GELU_C = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn, stride_cm,
-                    stride_cn, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    ACT: tl.constexpr, RESIDUAL: tl.constexpr):
-    """The epilogue, in fp32 on the accumulator of tile (pid_m, pid_n), then one rounding to
-    the output dtype and the masked store."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _tanh_approx(x):
+    """tanh by the GPU's one-instruction approximation (sm_75+: ``tanh.approx.f32``, max
+    relative error 2^-11, under a 16-bit output's rounding)."""
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _epilogue_math(acc, bias_ptr, N, pid_n, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
+                   FAST_ACT: tl.constexpr):
+    """The bias and the activation, in fp32 on the accumulator of a tile in column block
+    ``pid_n``. FAST_ACT (16-bit outputs on NVIDIA GPUs) computes GELU's and SiLU's tanh and
+    sigmoid by ``_tanh_approx`` (sigmoid(x) = (1 + tanh(x / 2)) / 2); otherwise by an exp and
+    a division, which the CPU interpreter and every GPU compute the same way."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     acc += bias[None, :]
     if ACT == 1:
         acc = tl.maximum(acc, 0.0)
     elif ACT == 2:
         inner = _GELU_C * (acc + 0.044715 * acc * acc * acc)
-        acc = 0.5 * acc * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
+        if FAST_ACT:
+            acc = 0.5 * acc * (1.0 + _tanh_approx(inner))
+        else:
+            acc = 0.5 * acc * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
     elif ACT == 3:
-        acc = acc * tl.sigmoid(acc)
+        if FAST_ACT:
+            half = 0.5 * acc
+            acc = half + half * _tanh_approx(half)
+        else:
+            acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit
+def _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn, stride_cm,
+                    stride_cn, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    ACT: tl.constexpr, RESIDUAL: tl.constexpr, FAST_ACT: tl.constexpr):
+    """The epilogue, in fp32 on the accumulator of tile (pid_m, pid_n), then one rounding to
+    the output dtype and the masked store (by pointers)."""
+    acc = _epilogue_math(acc, bias_ptr, N, pid_n, BLOCK_N, ACT, FAST_ACT)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     rows = offs_m[:, None].to(tl.int64)  # M * N may pass 2**31
     if RESIDUAL:
         r_ptrs = res_ptr + rows * stride_rm + offs_n[None, :] * stride_rn
@@ -95,22 +123,32 @@ def _matmul_epilogue_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_rm, stride_rn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ACT: tl.constexpr, RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, VARIANT: tl.constexpr,
-    NUM_SMS: tl.constexpr,
+    NUM_SMS: tl.constexpr, FAST_ACT: tl.constexpr = 0, TMA_STORE: tl.constexpr = 0,
 ):
     # VARIANT as matmul's: 0 one tile per program; 1 persistent (one program per SM walking
-    # the tiles in a flattened loop); 2 the same with tensor-descriptor (TMA) loads.
+    # the tiles in a flattened loop); 2 the same with tensor-descriptor (TMA) loads, and with
+    # TMA_STORE (the product's build of 2) the residual loaded and C stored by descriptors
+    # too, as matmul's tma_persistent stores: whole tiles, clipped at M and N by the copy
+    # engine, no address or mask per element.
     if VARIANT == 0:
         pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                        pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn, stride_cm,
-                        stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, ACT, RESIDUAL)
+                        stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, ACT, RESIDUAL, FAST_ACT)
     else:
         if VARIANT == 2:
             a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
                                                block_shape=[BLOCK_M, BLOCK_K])
             b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
                                                block_shape=[BLOCK_K, BLOCK_N])
+            if TMA_STORE:
+                c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                                   block_shape=[BLOCK_M, BLOCK_N])
+                if RESIDUAL:
+                    r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N],
+                                                       strides=[stride_rm, 1],
+                                                       block_shape=[BLOCK_M, BLOCK_N])
         start = tl.program_id(0)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         k_tiles = tl.cdiv(K, BLOCK_K)
@@ -129,9 +167,16 @@ def _matmul_epilogue_kernel(
                                EVEN_K)
             tile_c += NUM_SMS
             pid_cm, pid_cn = tile_coords(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn,
-                            stride_cm, stride_cn, pid_cm, pid_cn, BLOCK_M, BLOCK_N, ACT,
-                            RESIDUAL)
+            if VARIANT == 2 and TMA_STORE:
+                acc = _epilogue_math(acc, bias_ptr, N, pid_cn, BLOCK_N, ACT, FAST_ACT)
+                if RESIDUAL:
+                    acc += r_desc.load([pid_cm * BLOCK_M, pid_cn * BLOCK_N]).to(tl.float32)
+                c_desc.store([pid_cm * BLOCK_M, pid_cn * BLOCK_N],
+                             acc.to(c_ptr.dtype.element_ty))
+            else:
+                _epilogue_store(acc, bias_ptr, res_ptr, c_ptr, M, N, stride_rm, stride_rn,
+                                stride_cm, stride_cn, pid_cm, pid_cn, BLOCK_M, BLOCK_N, ACT,
+                                RESIDUAL, FAST_ACT)
 
 
 def _args(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None,
@@ -143,29 +188,55 @@ def _args(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, residual: torch.
             res.stride(0), res.stride(1), out.stride(0), out.stride(1))
 
 
-def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None, act: str,
-                 config: KernelConfig) -> tuple[tuple[int], dict[str, int]]:
+#: whether tma_persistent stores C by its descriptor (else by pointers, as the other variants):
+#: no, pointer stores measured 1.6-2% faster on the H200 at the gelu target's 128x256 tile
+#: (bench/NOTES.md), both without spills; the descriptor store stays for benchmarks
+TMA_STORE_DEFAULT = False
+
+
+def fast_activation(out: torch.Tensor) -> bool:
+    """Whether the kernel computes tanh and sigmoid by the GPU's approximation (FAST_ACT): on
+    NVIDIA GPUs (PTX inline assembly) for 16-bit outputs, whose rounding (2^-11 at best) the
+    approximation's error stays under; never in the CPU interpreter, which runs no assembly."""
+    return (out.is_cuda and torch.version.hip is None and out.element_size() == 2
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+
+
+def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None,
+                 out: torch.Tensor, act: str, config: KernelConfig,
+                 fast_act: bool | None = None, tma_store: bool | None = None,
+                 ) -> tuple[tuple[int], dict[str, int]]:
     meta = dict(config.meta)
     meta["ACT"] = ACTIVATIONS.index(act)
     meta["RESIDUAL"] = int(residual is not None)
     meta["EVEN_K"] = even_k(a.shape[1], meta["BLOCK_K"])
     meta["VARIANT"] = variant = variant_of(config)
+    meta["FAST_ACT"] = int(fast_activation(out) if fast_act is None else fast_act)
+    if tma_store is None:
+        tma_store = variant == TMA_PERSISTENT and TMA_STORE_DEFAULT
+    meta["TMA_STORE"] = int(tma_store)
     tiles = output_tiles(config, {"M": a.shape[0], "N": b.shape[1]})
     if variant == TILED:
         meta["NUM_SMS"] = 1  # unused
         return (tiles,), meta
+    if variant == TMA_PERSISTENT:
+        rows = [a, b] + ([out] + ([residual] if residual is not None else [])
+                         if meta["TMA_STORE"] else [])
+        if any(t.stride(1) != 1 for t in rows):
+            raise ValueError("the tma_persistent variant needs row-major A, B, C and residual")
     meta["NUM_SMS"] = num_sms(a.device)
     return (min(meta["NUM_SMS"], tiles),), meta
 
 
 def matmul_epilogue(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
                     residual: torch.Tensor | None, out: torch.Tensor, act: str,
-                    config: KernelConfig) -> None:
-    """out = act(a @ b + bias) (+ residual) with the given launch config."""
-    grid, meta = _launch_meta(a, b, residual, act, config)
+                    config: KernelConfig, *, fast_act: bool | None = None,
+                    tma_store: bool | None = None) -> None:
+    """out = act(a @ b + bias) (+ residual) with the given launch config. ``fast_act`` and
+    ``tma_store`` (default: ``fast_activation(out)``, and descriptor stores for
+    tma_persistent) are for benchmarks."""
+    grid, meta = _launch_meta(a, b, residual, out, act, config, fast_act, tma_store)
     if meta["VARIANT"] == TMA_PERSISTENT:
-        if a.stride(1) != 1 or b.stride(1) != 1:
-            raise ValueError("the tma_persistent variant needs row-major A and B")
         set_tma_allocator(a.device)
     _matmul_epilogue_kernel[grid](*_args(a, b, bias, residual, out), **meta,
                                   num_warps=config.num_warps, num_stages=config.num_stages)
@@ -175,7 +246,7 @@ def compile_matmul_epilogue(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor
                             residual: torch.Tensor | None, out: torch.Tensor, act: str,
                             config: KernelConfig) -> None:
     """Compile (or load from Triton's disk cache) without launching."""
-    grid, meta = _launch_meta(a, b, residual, act, config)
+    grid, meta = _launch_meta(a, b, residual, out, act, config)
     _matmul_epilogue_kernel.warmup(*_args(a, b, bias, residual, out), **meta,
                                    num_warps=config.num_warps, num_stages=config.num_stages,
                                    grid=grid)

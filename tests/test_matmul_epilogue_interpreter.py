@@ -128,3 +128,53 @@ def test_the_version_follows_matmul_s_source_too(monkeypatch):
     monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + (
         "# edited\n" if obj is matmul_module else ""))
     assert kernel.version != before
+
+
+def test_the_fast_activation_is_for_16_bit_outputs_on_nvidia_gpus_only():
+    """FAST_ACT (tanh by inline PTX) is never asked of the interpreter, nor of fp32 outputs,
+    whose rounding is finer than the approximation's error."""
+    from search_spaces import matmul_epilogue as me
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert me.fast_activation(torch.empty((2, 2), dtype=dtype)) is False
+    a, b = torch.empty((8, 16), dtype=torch.float16), torch.empty((16, 8), dtype=torch.float16)
+    out = torch.empty((8, 8), dtype=torch.float16)
+    config = KernelConfig(VARIANT=2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1,
+                          num_warps=4, num_stages=2)
+    _, meta = me._launch_meta(a, b, None, out, "gelu", config)
+    assert meta["FAST_ACT"] == 0 and meta["TMA_STORE"] == me.TMA_STORE_DEFAULT
+    _, meta = me._launch_meta(a, b, None, out, "gelu", config, fast_act=True, tma_store=True)
+    assert meta["FAST_ACT"] == 1 and meta["TMA_STORE"] == 1
+
+
+def test_a_descriptor_store_needs_row_major_output_and_residual():
+    from search_spaces import matmul_epilogue as me
+
+    a, b = torch.empty((8, 16), dtype=torch.float16), torch.empty((16, 8), dtype=torch.float16)
+    out = torch.empty((8, 8), dtype=torch.float16)
+    config = KernelConfig(VARIANT=2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1,
+                          num_warps=4, num_stages=2)
+    column_major = torch.empty((8, 8), dtype=torch.float16).t()
+    with pytest.raises(ValueError, match="row-major"):
+        me._launch_meta(a, b, column_major, out, "gelu", config, tma_store=True)
+    with pytest.raises(ValueError, match="row-major"):
+        me._launch_meta(a, b, None, column_major, "gelu", config, tma_store=True)
+    # pointer stores take any strides
+    me._launch_meta(a, b, column_major, column_major, "gelu", config, tma_store=False)
+
+
+@pytest.mark.parametrize("tma_store", [False, True])
+@pytest.mark.parametrize("name", ["matmul_epilogue_gelu_residual", "matmul_epilogue_silu"])
+def test_tma_persistent_is_right_with_either_store(name, tma_store):
+    """The tma_persistent build stores by C's descriptor (and loads the residual by its own)
+    or by pointers: both are right at the edges (the interpreter emulates descriptors)."""
+    from search_spaces import matmul_epilogue as me
+
+    k = KERNELS[name]
+    config = KernelConfig(VARIANT=2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1,
+                          num_warps=4, num_stages=2)
+    inputs = k.make_inputs({"M": 20, "N": 40, "K": 24}, "float16", "cpu", seed=3)
+    inputs["out"].fill_(float("nan"))
+    me.matmul_epilogue(inputs["a"], inputs["b"], inputs["bias"], inputs.get("residual"),
+                       inputs["out"], k.act, config, tma_store=tma_store)
+    check(k, inputs["out"], inputs, "float16")

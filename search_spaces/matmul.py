@@ -27,6 +27,7 @@ launcher) -> ``MatmulKernel`` (the TunableKernel the tuner drives).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
@@ -40,6 +41,26 @@ from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
 from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
+
+#: whether fp32 operands are rounded to TF32 to nearest before ``tl.dot`` (``round_tf32``): on
+#: NVIDIA GPUs, not in the CPU interpreter (which runs no PTX and computes fp32 exactly);
+#: TUNER_TF32_ROUNDING=0 (read at import) leaves them to the tensor cores' truncation, as
+#: Triton does (bench/fp32_tf32.py measures the two)
+ROUND_TF32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+                          and torch.version.hip is None
+                          and os.environ.get("TUNER_TF32_ROUNDING", "1") != "0")
+
+
+@triton.jit
+def round_tf32(x):
+    """``x`` (fp32) rounded to TF32's 10-bit mantissa, to nearest (``cvt.rna.tf32.f32``).
+    Hopper's TF32 wgmma reads fp32 operands from shared memory and drops their low 13 bits:
+    truncation, a shrink of ~2^-11 a product on average. A linear GEMM's errors then still
+    average out on zero-mean data, but after a nonlinear activation they show as a mean shift
+    the verification rejects (bench/NOTES.md: gelu 512x512x256 3.67x over the bias bound).
+    Rounded first, the operands are exact in TF32 and the errors are unbiased."""
+    return tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -99,6 +120,9 @@ def tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 
             k_left = K - k0 - k * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if ROUND_TF32 and a.dtype == tl.float32:
+            a = round_tf32(a)
+            b = round_tf32(b)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk

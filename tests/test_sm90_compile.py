@@ -40,7 +40,8 @@ def build(name, fn, sig, consts, warps, stages):
                            options={"num_warps": warps, "num_stages": stages})
         regs, shared = resources(k)
         out[name] = {"shared": shared, "regs": regs,
-                     "tanh_approx": "tanh.approx.f32" in k.asm["ptx"]}
+                     "tanh_approx": "tanh.approx.f32" in k.asm["ptx"],
+                     "rna_tf32": "cvt.rna.tf32.f32" in k.asm["ptx"]}
     except Exception as exc:
         while exc.__cause__ is not None or exc.__context__ is not None:
             exc = exc.__cause__ or exc.__context__
@@ -83,6 +84,15 @@ for act, residual in (("gelu", 0), ("silu", 0)):
                   FAST_ACT=1, TMA_STORE=int(me.TMA_STORE_DEFAULT))
     name = f"epilogue {act} residual={residual}"
     build(name, me._matmul_epilogue_kernel, sig, consts, 8, 3)
+
+# fp32 inputs through the pointer-loaded tiled kernel: operands rounded to TF32 first
+sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32",
+       **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bk", "stride_cm")},
+       **{n: "constexpr" for n in ("stride_ak", "stride_bn", "stride_cn", "BLOCK_M", "BLOCK_N",
+                                   "BLOCK_K", "GROUP_M", "EVEN_K")}}
+consts = dict(stride_ak=1, stride_bn=1, stride_cn=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32,
+              GROUP_M=8, EVEN_K=True)
+build("matmul fp32 tiled", mm._matmul_kernel, sig, consts, 4, 3)
 print(json.dumps(out))
 """
 
@@ -133,3 +143,11 @@ def test_the_epilogue_builds_for_sm90_without_spills(builds, name):
     assert "error" not in build, build
     assert build["tanh_approx"], "the activation does not use tanh.approx.f32"
     assert "STACK:0" in build["regs"], build
+
+
+def test_fp32_operands_are_rounded_to_tf32_for_sm90(builds):
+    """The tiled kernel on fp32 inputs rounds its operands to TF32 to nearest before the
+    MMA (Hopper's TF32 wgmma would truncate them: a bias after a nonlinear epilogue)."""
+    build = builds["matmul fp32 tiled"]
+    assert "error" not in build, build
+    assert build["rna_tf32"], "no cvt.rna.tf32.f32 in the fp32 build"

@@ -3,14 +3,14 @@ build stores C (and loads the residual) by tensor descriptors, which the copy en
 the edges, and 16-bit outputs take GELU's and SiLU's tanh from the GPU's approximation
 (``tanh.approx.f32`` by inline PTX: ``FAST_ACT``), which the interpreter never executes.
 
-In a child process: gelu, silu with a residual and the residual alone, in both 16-bit dtypes,
-on whole tiles and on a shape whose last tiles lie partly past M and N, the descriptor-loaded
-and the pointer-loaded persistent builds must match the fp32 reference within the kernel's
-tolerance and write nothing past the output's columns; FAST_ACT must be what they got (and
-not what fp32 outputs get). Then the product's pipeline measures and verifies the gelu
-target's config like any other. (fp32 inputs are not here: on Hopper the TF32 wgmma
-truncates its operands, and after a nonlinear activation that shows as a bias the check
-rejects, in the build before FAST_ACT too: bench/NOTES.md.)"""
+In a child process: gelu, silu with a residual and the residual alone, in both 16-bit dtypes
+and fp32, on whole tiles and on a shape whose last tiles lie partly past M and N, each
+persistent build the space offers (tma_persistent for 16-bit inputs only) must match the fp32
+reference within the kernel's tolerance and write nothing past the output's columns;
+FAST_ACT must be what the 16-bit outputs got and not fp32's. fp32 passes the bias check
+because its operands are rounded to TF32 to nearest (``round_tf32``): truncated, as Hopper's
+TF32 wgmma would, gelu came out 3.67x over the bias bound (bench/NOTES.md). Then the
+product's pipeline measures and verifies the gelu target's config like any other."""
 
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ shapes = [(512, 512, 256), (300, 264, 200)]
 for name in ("matmul_epilogue_gelu", "matmul_epilogue_silu_residual",
              "matmul_epilogue_none_residual"):
     kernel = me.KERNELS[name]
-    for dtype in ("bfloat16", "float16"):
+    for dtype in ("bfloat16", "float16", "float32"):
         for m, n, k in shapes:
             for variant, bm, bn, warps, stages in ((TMA_PERSISTENT, 128, 128, 8, 3),
                                                    (TMA_PERSISTENT, 64, 64, 4, 3),
                                                    (PERSISTENT, 64, 128, 4, 3)):
+                if dtype == "float32" and variant == TMA_PERSISTENT:
+                    continue  # the space offers tma_persistent for 16-bit inputs only
                 config = KernelConfig(VARIANT=variant, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=32,
                                       GROUP_M=8, num_warps=warps, num_stages=stages)
                 inputs = kernel.make_inputs({"M": m, "N": n, "K": k}, dtype, "cuda", seed=m)
@@ -53,15 +55,14 @@ for name in ("matmul_epilogue_gelu", "matmul_epilogue_silu_residual",
                                 output_check_of(kernel))
                 assert isinstance(check, float), (name, m, n, k, dtype, variant, check)
                 assert bool(torch.all(wide[:, n:] == 7.0)), "a store went past N"
-        assert me.fast_activation(inputs["out"]), dtype
+        assert me.fast_activation(inputs["out"]) == (dtype != "float32"), dtype
         print(f"ok {name} {dtype}")
-assert not me.fast_activation(torch.empty((4, 4), device="cuda", dtype=torch.float32))
 """
 
 
 def test_the_epilogues_are_right_at_every_edge_on_the_gpu(cuda_machine: list[Gpu]):
     out = run_check(CHECK, timeout_s=600)
-    assert out.count("ok ") == 3 * 2, out
+    assert out.count("ok ") == 3 * 3, out
 
 
 def test_the_pipeline_verifies_and_times_the_gelu_targets_config(cuda_machine: list[Gpu]):

@@ -25,7 +25,6 @@ launcher) -> ``MatmulEpilogueKernel`` (the TunableKernel, one instance per epilo
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,6 +43,7 @@ from search_spaces.matmul import (
     num_sms,
     output_tiles,
     persistent_constraint,
+    runs_ptx,
     set_tma_allocator,
     tile_coords,
     tile_dot,
@@ -198,8 +198,7 @@ def fast_activation(out: torch.Tensor) -> bool:
     """Whether the kernel computes tanh and sigmoid by the GPU's approximation (FAST_ACT): on
     NVIDIA GPUs (PTX inline assembly) for 16-bit outputs, whose rounding (2^-11 at best) the
     approximation's error stays under; never in the CPU interpreter, which runs no assembly."""
-    return (out.is_cuda and torch.version.hip is None and out.element_size() == 2
-            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+    return out.is_cuda and out.element_size() == 2 and runs_ptx()
 
 
 def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None,

@@ -43,10 +43,6 @@ from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
 
-#: whether fp32 operands are rounded to TF32 to nearest before ``tl.dot`` (``round_tf32``): on
-#: NVIDIA GPUs, not in the CPU interpreter (which runs no PTX and computes fp32 exactly);
-#: TUNER_TF32_ROUNDING=0 (read at import) leaves them to the tensor cores' truncation, as
-#: Triton does (bench/fp32_tf32.py measures the two)
 def runs_ptx() -> bool:
     """Whether kernels here may use inline PTX: NVIDIA's Triton backend, not the CPU
     interpreter (read at call; the interpreter is chosen before any kernel module loads)."""
@@ -54,6 +50,10 @@ def runs_ptx() -> bool:
             and torch.version.hip is None)
 
 
+#: whether fp32 operands are rounded to TF32 to nearest before ``tl.dot`` (``round_tf32``): on
+#: NVIDIA GPUs, not in the CPU interpreter (which runs no PTX and computes fp32 exactly);
+#: TUNER_TF32_ROUNDING=0 (read at import) leaves them to the tensor cores' truncation, as
+#: Triton does (bench/fp32_tf32.py measures the two)
 ROUND_TF32 = tl.constexpr(runs_ptx() and os.environ.get("TUNER_TF32_ROUNDING", "1") != "0")
 
 

@@ -50,6 +50,8 @@ PROBLEMS = [
     Problem("matmul", "M=16,N=14336,K=4096", "bfloat16", "x_torch", 1.0, 13),
     Problem("matmul", "M=64,N=8192,K=8192", "float16", "x_torch", 1.0, 13),
     Problem("matmul", "M=777,N=1234,K=4321", "float16", "x_torch", 1.0, 13),
+    Problem("matmul", "M=1500,N=3001,K=999", "float16", "x_torch", 1.0, 13,
+            "unaligned K and N: the issue's 1.2x on unaligned shapes, to keep"),
     Problem("matmul_epilogue_gelu", "M=4096,N=4096,K=4096", "bfloat16", "x_torch", 1.15, 13,
             "torch: addmm (bias) then gelu(tanh)"),
     Problem("moe_gemm", "M=4096,N=14336,K=4096,E=8,TOPK=2", "bfloat16", "x_torch", 1.0, 13,

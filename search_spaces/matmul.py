@@ -16,6 +16,13 @@ right. The algorithm is a search parameter, ``VARIANT`` (an int: ``VARIANTS`` na
   fp32 partials the second to finish adds; one launch, no spinning, deterministic). Loads by
   TMA where ``stream_k_tma`` allows (sm_90+, 16-bit, aligned rows), else by pointers.
 
+``ALIGN`` (0 or 1) applies to every variant: with 1, operands whose rows would load slowly
+(K not a multiple of 16, or B's rows not 16-byte aligned) are first copied into zero-padded
+buffers with aligned rows (``stage``: one read and one write of each, inside the timed launch).
+Unaligned rows otherwise load one 2-byte element at a time, with no asynchronous copies, and
+rule out TMA; cuBLAS is as slow there, and staged kernels ran 1.4-2.6x faster than it on the
+H200 (bench/NOTES.md).
+
 Warp specialisation (``tl.range(..., warp_specialize=True)``) is not a variant: Triton's docs
 give it for Blackwell; on the H200 with Triton 3.6 it compiles for ``tma_persistent`` and
 times within -3%..+2% of the plain loop (the kernel's ``WS`` switch, used by
@@ -403,6 +410,20 @@ def _matmul_stream_k_kernel(
             it = (t + 1) * k_tiles
 
 
+@triton.jit
+def _stage_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_src, stride_dst,
+                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dst[:dst_rows, :dst_cols] = src[:rows, :cols], zero past src's edges (ALIGN's copies:
+    ``stage``). Rows of either side may be unaligned; each program copies one block."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    r64 = r.to(tl.int64)[:, None]
+    x = tl.load(src_ptr + r64 * stride_src + c[None, :],
+                mask=(r[:, None] < rows) & (c[None, :] < cols), other=0.0)
+    tl.store(dst_ptr + r64 * stride_dst + c[None, :], x,
+             mask=(r[:, None] < dst_rows) & (c[None, :] < dst_cols))
+
+
 #: The VARIANT parameter's values. Config values are ints (KernelConfig, the store, the API),
 #: so the algorithm is a categorical int; these are its names, by value.
 VARIANTS = ("tiled", "persistent", "tma_persistent", "split_k", "stream_k")
@@ -423,9 +444,36 @@ HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(trito
                                                                             "set_allocator")
 
 
+#: ALIGN's values: 0 runs the variant on the operands as given; 1 first copies the operands
+#: that would load slowly into zero-padded buffers with aligned rows (``stage``)
+ALIGNS = (0, 1)
+#: ALIGN's padding unit, elements: K and the buffers' row strides become multiples of 16, the
+#: divisibility Triton specialises integer arguments on, so every operand load is a 16-byte
+#: vector (cp.async or TMA) and the K mask keeps that width
+ALIGN_ELEMS = 16
+#: the staging copy's block (rows x columns) and warps
+_STAGE_BLOCK_R, _STAGE_BLOCK_C, _STAGE_WARPS = 16, 128, 4
+
+
 def variant_of(config: Mapping[str, int]) -> int:
     """The config's VARIANT; a config from before variants existed is the tiled kernel."""
     return int(config.get("VARIANT", TILED))
+
+
+def align_of(config: Mapping[str, int]) -> int:
+    """The config's ALIGN; a config from before it existed runs on the operands as given."""
+    return int(config.get("ALIGN", 0))
+
+
+def round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def staging_needed(shape: Mapping[str, int], elem_bytes: int) -> bool:
+    """Whether ALIGN=1 copies anything on a problem with row-major, freshly allocated
+    operands: K not a multiple of ALIGN_ELEMS (A's rows, and B's rows in K, are padded with
+    zeros), or B's and C's rows not 16-byte aligned (N * element size)."""
+    return shape["K"] % ALIGN_ELEMS != 0 or (shape["N"] * elem_bytes) % 16 != 0
 
 
 def even_k(K: int, block_k: int) -> bool:
@@ -501,11 +549,19 @@ def tma_unavailable(ctx: ProblemContext) -> str | None:
     return None
 
 
-def stream_k_tma_problem(ctx: ProblemContext) -> bool:
-    """``stream_k_tma`` from the problem alone (contiguous fresh inputs, as the tuner makes)."""
+def rows_aligned(ctx: ProblemContext, config: Mapping[str, int] | None = None) -> bool:
+    """Whether A's and B's rows are 16-byte aligned as the kernel sees them: always with
+    ALIGN=1 (its buffers' rows are), else from K and N (contiguous fresh inputs)."""
+    if config is not None and align_of(config):
+        return True
     e = ctx.elem_bytes
-    return (tma_unavailable(ctx) is None
-            and (ctx.shape["K"] * e) % 16 == 0 and (ctx.shape["N"] * e) % 16 == 0)
+    return (ctx.shape["K"] * e) % 16 == 0 and (ctx.shape["N"] * e) % 16 == 0
+
+
+def stream_k_tma_problem(ctx: ProblemContext, config: Mapping[str, int] | None = None) -> bool:
+    """``stream_k_tma`` from the problem alone (contiguous fresh inputs, as the tuner makes;
+    ALIGN=1 stages them into aligned rows)."""
+    return tma_unavailable(ctx) is None and rows_aligned(ctx, config)
 
 
 #: stream_k's fp32 partial tiles (two slots a program) and per-tile int32 counters, by
@@ -581,13 +637,88 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     return [(_matmul_kernel, (tiles,), (a, b, out, M, N, K, *ab, *cs), meta)]
 
 
+Launch = tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]
+
+
+def _copy_launch(src: torch.Tensor, dst: torch.Tensor) -> Launch:
+    """``_stage_kernel`` copying ``src`` into the top-left of ``dst`` (2-D, rows contiguous
+    on the destination side) and zero-filling the rest of ``dst``."""
+    rows, cols = src.shape
+    dst_rows, dst_cols = dst.shape
+    grid = (triton.cdiv(dst_rows, _STAGE_BLOCK_R), triton.cdiv(dst_cols, _STAGE_BLOCK_C))
+    if src.stride(1) != 1 or dst.stride(1) != 1:
+        raise ValueError("ALIGN=1 stages row-major operands only")
+    return (_stage_kernel, grid,
+            (src, dst, rows, cols, dst_rows, dst_cols, src.stride(0), dst.stride(0)),
+            {"BLOCK_R": _STAGE_BLOCK_R, "BLOCK_C": _STAGE_BLOCK_C, "num_warps": _STAGE_WARPS})
+
+
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Row-major with 16-byte aligned rows and base: every row loads in 16-byte vectors."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)
+
+
+def _stores_by_descriptor(config: KernelConfig, a: torch.Tensor) -> bool:
+    """Whether the variant stores C by a tensor descriptor once its operands are aligned:
+    tma_persistent always, stream_k where ``stream_k_tma`` would hold."""
+    variant = variant_of(config)
+    if variant == TMA_PERSISTENT:
+        return True
+    return (variant == STREAM_K and HAS_TENSOR_DESCRIPTORS and a.device.type == "cuda"
+            and a.dtype in (torch.float16, torch.bfloat16)
+            and torch.cuda.get_device_capability(a.device) >= (9, 0))
+
+
+def stage(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig,
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Launch], list[Launch]]:
+    """ALIGN=1's operands: (a, b, out) as the GEMM kernels get them, the copies to run before
+    them and the copy to run after. Where K is not a multiple of ALIGN_ELEMS, A becomes an
+    M x K' buffer and B a K' x N' one (K' = K rounded up, zeros past K: they add nothing to
+    the products); where only B's rows are unaligned, B alone is copied. Buffers' rows are
+    multiples of ALIGN_ELEMS elements (16 B and more), so Triton vectorises every load and
+    the descriptor variants run. C is written through an aligned buffer only for kernels
+    that store it by descriptor. With ALIGN=0, or nothing unaligned, nothing changes."""
+    if not align_of(config):
+        return a, b, out, [], []
+    (M, K), N = a.shape, b.shape[1]
+    kp = round_up(K, ALIGN_ELEMS)
+    pre: list[Launch] = []
+    post: list[Launch] = []
+    if kp != K or not _aligned_rows(a):
+        staged = torch.empty((M, kp), device=a.device, dtype=a.dtype)
+        pre.append(_copy_launch(a, staged))
+        a = staged
+    if kp != K or not _aligned_rows(b):
+        staged = torch.empty((kp, round_up(N, ALIGN_ELEMS)), device=b.device, dtype=b.dtype)
+        pre.append(_copy_launch(b, staged))
+        b = staged[:, :N]
+    if not _aligned_rows(out) and _stores_by_descriptor(config, a):
+        staged = torch.empty((M, round_up(N, ALIGN_ELEMS)), device=out.device,
+                             dtype=out.dtype)[:, :N]
+        post.append(_copy_launch(staged, out))
+        out = staged
+    return a, b, out, pre, post
+
+
+def _all_launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig,
+                  sms: int | None = None, tma: bool | None = None,
+                  warp_spec: int = 0) -> list[Launch]:
+    """Every launch of ``out = a @ b`` with ``config``, in order: ALIGN's copies (``stage``)
+    around the variant's kernels (``_launches``)."""
+    a, b, gemm_out, pre, post = stage(a, b, out, config)
+    return pre + _launches(a, b, gemm_out, config, sms, tma, warp_spec) + post
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig, *,
            sms: int | None = None, tma: bool | None = None,
            warp_spec: int = 0) -> None:
-    """out = a @ b with the given config (its VARIANT picks the algorithm; the split-K
-    workspace is allocated here, so a timed launch includes it and the reduction; stream_k's
-    buffers are cached across launches). ``sms`` and ``tma``: see ``_launches``."""
-    launches = _launches(a, b, out, config, sms, tma, warp_spec)
+    """out = a @ b with the given config (its VARIANT picks the algorithm, its ALIGN whether
+    unaligned operands are first copied into aligned rows; the split-K workspace and ALIGN's
+    buffers are allocated here, so a timed launch includes them, the copies and the
+    reduction; stream_k's buffers are cached across launches). ``sms`` and ``tma``: see
+    ``_launches``."""
+    launches = _all_launches(a, b, out, config, sms, tma, warp_spec)
     if any(kw.get("USE_TMA") for _, _, _, kw in launches) or (
             variant_of(config) == TMA_PERSISTENT):
         set_tma_allocator(a.device)
@@ -600,7 +731,7 @@ def compile_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                    tma: bool | None = None) -> None:
     """Compile (or load from Triton's disk cache) every kernel of the config without
     launching."""
-    for kernel, grid, args, kwargs in _launches(a, b, out, config, sms, tma):
+    for kernel, grid, args, kwargs in _all_launches(a, b, out, config, sms, tma):
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
@@ -630,7 +761,7 @@ def _shared_memory(config: KernelConfig, ctx: ProblemContext) -> str | None:
     # 2.7x slower than the best.
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     if variant_of(config) == TMA_PERSISTENT or (variant_of(config) == STREAM_K
-                                                 and stream_k_tma_problem(ctx)):
+                                                 and stream_k_tma_problem(ctx, config)):
         # the descriptor store stages the output tile in shared memory besides the pipeline
         stage_c = bm * bn * ctx.elem_bytes
         ctx = replace(ctx, smem_limit=ctx.smem_limit - stage_c)
@@ -707,8 +838,18 @@ def persistent_constraint(config: KernelConfig, ctx: ProblemContext) -> str | No
         return why
     e = ctx.elem_bytes
     for dim, row in (("K", ctx.shape["K"] * e), ("N", ctx.shape["N"] * e)):
-        if row % 16:
-            return f"TMA needs 16-byte aligned rows ({dim} x {e} B = {row} B)"
+        if row % 16 and not align_of(config):
+            return (f"TMA needs 16-byte aligned rows ({dim} x {e} B = {row} B; ALIGN=1 "
+                    "copies them into aligned ones)")
+    return None
+
+
+def align_constraint(config: KernelConfig, ctx: ProblemContext) -> str | None:
+    """ALIGN=1 only where it copies something (``staging_needed``): elsewhere it is the same
+    kernel as ALIGN=0."""
+    if align_of(config) and not staging_needed(ctx.shape, ctx.elem_bytes):
+        return (f"K={ctx.shape['K']} is a multiple of {ALIGN_ELEMS} and B's rows are 16-byte "
+                "aligned: ALIGN=1 would copy nothing")
     return None
 
 
@@ -776,6 +917,14 @@ _KNOWN_GOOD_VARIANTS = [
 _H200_SMS = 132
 
 
+# ALIGN=1's (VARIANT, SPLIT_K, then _PARAMS), for problems whose operands it stages: the
+# staged TMA tiles of bench/results/align_probe_h200.md, then the pointer-loaded tiled kernel
+_KNOWN_GOOD_ALIGNED = [
+    (TMA_PERSISTENT, 1, 128, 128, 64, 8, 4, 4), (TMA_PERSISTENT, 1, 128, 256, 64, 8, 8, 3),
+    (TILED, 1, 128, 128, 32, 8, 4, 4), (TILED, 1, 64, 128, 64, 8, 4, 4),
+]
+
+
 def tiled_space() -> SearchSpace:
     """The tiled kernel's space (matmul's before variants; matmul_epilogue runs on it)."""
     return SearchSpace(
@@ -823,14 +972,17 @@ class MatmulKernel:
         values), SPLIT_K (split_k's alone: a constraint keeps it 1 elsewhere) and BLOCK_N 192
         (tma_persistent's alone: ``split_tile_constraint``). A config
         recorded before variants existed (no VARIANT, no SPLIT_K) is the tiled kernel: each new
-        parameter's first value (a replay table's configs are mapped to it)."""
+        parameter's first value (a replay table's configs are mapped to it). ALIGN (last, 0
+        first) copies unaligned operands into aligned rows first (``stage``;
+        ``align_constraint`` keeps it to problems where that copies something)."""
         tiled = tiled_space()
         params = tuple(Param.ints("BLOCK_N", BLOCK_NS) if p.name == "BLOCK_N" else p
                        for p in tiled.params)
         return SearchSpace(
             params=(Param("VARIANT", tuple(range(len(VARIANTS))), "categorical"),
-                    Param.ints("SPLIT_K", SPLIT_KS), *params),
-            constraints=(_variant_params, _split_k, persistent_constraint,
+                    Param.ints("SPLIT_K", SPLIT_KS), *params,
+                    Param("ALIGN", ALIGNS, "categorical")),
+            constraints=(_variant_params, _split_k, align_constraint, persistent_constraint,
                          stream_k_constraint, split_tile_constraint, *tiled.constraints),
         )
 
@@ -840,10 +992,13 @@ class MatmulKernel:
         of an H200's SMs, split-K where 64x64 tiles fill less than two (idle SMs, or a
         half-empty last wave) and K is deep, stream-K's where its tiles fill at least one wave
         with a partial last one, the split 128x192 tile where N is whole 192-wide tiles (a warm
-        start spends a trial on each)."""
-        tiled = [KernelConfig({**c, "VARIANT": TILED, "SPLIT_K": 1}) for c in tiled_known_good()]
+        start spends a trial on each). Where ALIGN=1 would stage the operands, its tiles come
+        before all of them."""
+        tiled = [KernelConfig({**c, "VARIANT": TILED, "SPLIT_K": 1, "ALIGN": 0})
+                 for c in tiled_known_good()]
         names = ("VARIANT", "SPLIT_K", *_PARAMS)
-        others = [KernelConfig(dict(zip(names, c, strict=True))) for c in _KNOWN_GOOD_VARIANTS]
+        others = [KernelConfig({**dict(zip(names, c, strict=True)), "ALIGN": 0})
+                  for c in _KNOWN_GOOD_VARIANTS]
         m, n, k = shape.get("M", 1), shape.get("N", 1), shape.get("K", 1)
         big = triton.cdiv(m, 128) * triton.cdiv(n, 128) > _H200_SMS
         few = triton.cdiv(m, 64) * triton.cdiv(n, 64) < 2 * _H200_SMS and k >= 1024
@@ -856,13 +1011,22 @@ class MatmulKernel:
         def fits(c: KernelConfig) -> bool:  # a split tile (192 wide) where N is whole tiles
             return n % c["BLOCK_N"] == 0 if c["BLOCK_N"] & (c["BLOCK_N"] - 1) else True
 
-        return tiled + [c for c in others if fits(c) and (
+        good = tiled + [c for c in others if fits(c) and (
             tail(c) if c["VARIANT"] == STREAM_K else suits[c["VARIANT"]])]
+        if not staging_needed(shape, 4 if dtype == "float32" else 2):
+            return good
+        # unaligned operands: the staged tiles first (ALIGN=1; bench/NOTES.md measured them
+        # 1.4-2.6x cuBLAS where every unstaged config loads 2-byte elements)
+        staged = [KernelConfig({**dict(zip(names, c, strict=True)), "ALIGN": 1})
+                  for c in _KNOWN_GOOD_ALIGNED
+                  if c[0] != TMA_PERSISTENT or dtype in ("float16", "bfloat16")]
+        return staged + good
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """The tiled kernel's: runs on every shape and dtype, on any GPU with >= 100 KB of
         smem."""
-        return KernelConfig({**tiled_default(shape), "VARIANT": TILED, "SPLIT_K": 1})
+        return KernelConfig({**tiled_default(shape), "VARIANT": TILED, "SPLIT_K": 1,
+                             "ALIGN": 0})
 
     def make_inputs(
         self, shape: Mapping[str, int], dtype: str, device: str, seed: int

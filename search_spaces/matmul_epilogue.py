@@ -299,10 +299,11 @@ class MatmulEpilogueKernel:
         )
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
-        """matmul's, but split-K's."""
+        """matmul's, but split-K's and those that stage unaligned operands (ALIGN=1: not in
+        this kernel)."""
         good = MATMUL.known_good_configs(shape, dtype)
-        return [KernelConfig({k: v for k, v in c.items() if k != "SPLIT_K"})
-                for c in good if c["VARIANT"] in EPILOGUE_VARIANTS]
+        return [KernelConfig({k: v for k, v in c.items() if k not in ("SPLIT_K", "ALIGN")})
+                for c in good if c["VARIANT"] in EPILOGUE_VARIANTS and not c.get("ALIGN")]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
         """matmul's tiled one: runs on every shape and dtype, on any GPU with >= 100 KB of

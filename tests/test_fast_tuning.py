@@ -463,7 +463,7 @@ def test_tuning_time_rows_and_markdown():
     assert row["retimed_ratio"] == pytest.approx(ms * 1.01 / table.best_ms)
     # the same config as today's space names it (the tiled variant) is found in the table;
     # another variant's config has no recorded time
-    tiled = {**config.to_dict(), "VARIANT": 0, "SPLIT_K": 1}
+    tiled = {**config.to_dict(), "VARIANT": 0, "SPLIT_K": 1, "ALIGN": 0}
     named = tt.problem_row(problems[0], {**summary, "best_config": tiled}, 9.5, table)
     assert named["table_ratio"] == pytest.approx(ms / table.best_ms)
     other = tt.problem_row(problems[0], {**summary, "best_config": {**tiled, "VARIANT": 1}},

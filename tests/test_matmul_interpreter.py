@@ -217,9 +217,10 @@ def test_known_good_and_default_configs_are_in_the_space_and_run():
     assert all(space.contains(c) for c in skinny)
     ctx = ProblemContext(shape, "bfloat16")
     assert space.violation(good[0], ctx) is None
-    tma = variant("tma_persistent", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8,
-                  num_warps=8, num_stages=3)
+    tma = KernelConfig({**variant("tma_persistent", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+                                  GROUP_M=8, num_warps=8, num_stages=3), "ALIGN": 0})
     assert tma in good and space.violation(tma, ctx) is None
+    assert all(c["ALIGN"] == 0 for c in good)  # aligned rows: nothing to stage
     default = k.default_config({"M": 5, "N": 7, "K": 9}, "float32")
     assert space.contains(default) and default["VARIANT"] == mm.TILED
     kk, inputs = run(default, {"M": 5, "N": 7, "K": 9}, "float32")
@@ -239,7 +240,8 @@ def test_a_recorded_table_replays_as_the_tiled_variant():
     backend = ReplayBackend(table)
     space = backend.restrict(get_kernel("matmul").space())
     assert space.param("VARIANT").values == (mm.TILED,) and space.param("SPLIT_K").values == (1,)
-    mapped = KernelConfig({**old, "VARIANT": mm.TILED, "SPLIT_K": 1})
+    assert space.param("ALIGN").values == (0,)
+    mapped = KernelConfig({**old, "VARIANT": mm.TILED, "SPLIT_K": 1, "ALIGN": 0})
     assert space.contains(mapped) and len(list(space)) == 2
     assert backend.measure([mapped])[0].p50_ms == 0.5
     other = backend.measure([KernelConfig({**mapped, "VARIANT": mm.PERSISTENT})])[0]

@@ -156,9 +156,15 @@ def test_cost_model_ranks_the_matmul_variants():
     assert deep["split_k"] < min(deep["tiled"], deep["tma_persistent"])
     short = best_estimate_by_variant({"M": 256, "N": 256, "K": 64}, "float16")
     assert short["tiled"] < short["split_k"]
-    # TMA is pruned where rows are not 16-byte aligned
-    odd = best_estimate_by_variant({"M": 777, "N": 1234, "K": 4321}, "float16")
-    assert "tma_persistent" not in odd and {"tiled", "split_k"} <= set(odd)
+    # where rows are not 16-byte aligned TMA runs only on staged operands (ALIGN=1), and
+    # staging ranks ahead of loading the unaligned rows as they are
+    odd_ctx = ProblemContext({"M": 777, "N": 1234, "K": 4321}, "float16")
+    feasible = get_kernel("matmul").space().feasible(odd_ctx)
+    tma = [c for c in feasible if c["VARIANT"] == 2]
+    assert tma and all(c["ALIGN"] == 1 for c in tma)
+    by_align = {a: min(cost_model.estimate(c, odd_ctx) for c in feasible if c["ALIGN"] == a)
+                for a in (0, 1)}
+    assert by_align[1] < by_align[0]
 
 
 def test_cost_model_tiled_estimates_are_those_of_configs_without_a_variant():

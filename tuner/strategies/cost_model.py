@@ -20,8 +20,10 @@ matmul's variants (its ``VARIANT`` parameter; a config without one is the tiled 
 the grid, not the per-step model: ``persistent`` runs one program per SM, so no tail-wave launch
 and no per-tile prologue after the first (the flattened loop overlaps a tile's store with the
 next tile's loads), but one CTA per SM and quantisation of the tiles over the SMs;
-``tma_persistent`` adds copy-engine loads (no operand registers, no unaligned-row penalty: its
-constraint wants 16-byte rows, a little more tensor-core efficiency) and the output tile's
+``ALIGN=1`` (matmul's staging of unaligned operands) is its GEMM on the padded problem plus
+the copies (a launch each, their bytes at STAGE_BW); ``tma_persistent`` adds copy-engine loads
+(no operand registers, no unaligned-row penalty: its constraint wants 16-byte rows, a little
+more tensor-core efficiency) and the output tile's
 staging in shared memory, and takes split tiles (BLOCK_N 192, at a measured efficiency);
 ``split_k`` multiplies the programs by SPLIT_K and divides their K steps, for the fp32
 workspace's round trip (written by the GEMM, read by a second launch that writes C); ``stream_k``
@@ -84,6 +86,10 @@ STREAM_K_STEP_EFFICIENCY = 0.65
 SPLIT_TILE_EFFICIENCY = 0.81
 #: a kernel launch on the same stream right after another (split-K's reduction), s
 LAUNCH_S = 2.5e-6
+#: matmul ALIGN=1's staging copies (search_spaces.matmul stage): the padding unit, elements,
+#: and the bytes read plus written per second by its copy kernel (unaligned 2-byte reads)
+ALIGN_ELEMS = 16
+STAGE_BW = 2.5e12
 #: soft maximum exponent: how sharply the slowest limit dominates the others
 P = 3.0
 
@@ -110,16 +116,41 @@ def _softmax(*terms: float) -> float:
     return float(sum(t ** P for t in terms) ** (1.0 / P))
 
 
-def _stream_k_tma(ctx: ProblemContext) -> bool:
+def _stream_k_tma(ctx: ProblemContext, aligned: bool = False) -> bool:
     """Whether matmul's stream_k loads by TMA on this problem (search_spaces.matmul
-    stream_k_tma_problem): sm_90+, 16-bit inputs, 16-byte aligned rows of A and B."""
+    stream_k_tma_problem): sm_90+, 16-bit inputs, 16-byte aligned rows of A and B (or
+    ``aligned``: ALIGN's buffers)."""
     e = ctx.elem_bytes
     return (ctx.capability >= 90 and ctx.dtype in ("float16", "bfloat16")
-            and ctx.shape["K"] * e % 16 == 0 and ctx.shape["N"] * e % 16 == 0)
+            and (aligned or (ctx.shape["K"] * e % 16 == 0 and ctx.shape["N"] * e % 16 == 0)))
+
+
+def _staged(config: Mapping[str, int], ctx: ProblemContext) -> tuple[ProblemContext, float]:
+    """matmul ALIGN=1 (search_spaces.matmul stage): the problem its GEMM kernels see (K and
+    N rounded up to ALIGN_ELEMS: aligned rows) and the seconds its copies take (A and B where
+    staged, C back where the variant stores by descriptor), each a launch plus its bytes."""
+    M, N, K = ctx.shape["M"], ctx.shape["N"], ctx.shape["K"]
+    e = ctx.elem_bytes
+    kp, np_ = _cdiv(K, ALIGN_ELEMS) * ALIGN_ELEMS, _cdiv(N, ALIGN_ELEMS) * ALIGN_ELEMS
+    copied = []
+    if kp != K:
+        copied.append(M * (K + kp) * e)
+    if kp != K or N * e % 16:
+        copied.append((K * N + kp * np_) * e)
+    variant = int(config.get("VARIANT", TILED))
+    if N * e % 16 and (variant == TMA_PERSISTENT or (
+            variant == STREAM_K and _stream_k_tma(ctx, aligned=True))):
+        copied.append(2 * M * N * e)
+    t = sum(LAUNCH_S + nbytes / STAGE_BW for nbytes in copied)
+    return ProblemContext({**ctx.shape, "K": kp, "N": np_}, ctx.dtype, ctx.smem_limit,
+                          ctx.sm_count, ctx.capability), t
 
 
 def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     """Estimated run time in seconds (a ranking score, not a prediction to trust)."""
+    if int(config.get("ALIGN", 0)):
+        staged_ctx, t_copies = _staged(config, ctx)
+        return t_copies + estimate_s({**config, "ALIGN": 0}, staged_ctx)
     variant = int(config.get("VARIANT", TILED))
     split = int(config.get("SPLIT_K", 1)) if variant == SPLIT_K else 1
     M, N, K = ctx.shape["M"], ctx.shape["N"], ctx.shape["K"]

@@ -98,13 +98,21 @@ def probe(shape: dict[str, int], dtype: str, rounds: int, smoke: bool,
     first = KernelConfig({**_config(*STAGED[0 if dtype != "float32" else 3]), "ALIGN": 1})
     a2, b2, out2, pre, post = mm.stage(a, b, out, first)
     run(pre)
+    def moved(launch: Any) -> int:  # bytes read and written by a copy launch
+        args, two = launch[2], launch[3]["TWO"]
+        pairs = [args[:8]] + ([args[8:16]] if two else [])
+        return sum((p[2] * p[3] + p[4] * p[5]) * a.element_size() for p in pairs)
+
+    copies: list[tuple[str, int]] = []
     for launch in pre:
-        rows.append(f"ALIGN=1's copy of {'A' if launch[2][0] is a else 'B'} alone "
-                    f"({launch[2][2]}x{launch[2][3]} into {launch[2][4]}x{launch[2][5]})")
+        what = "A and B" if launch[3]["TWO"] else ("A" if launch[2][0] is a else "B")
+        rows.append(f"ALIGN=1's copy of {what} alone (one launch)")
         fns.append(lambda x=launch: run([x]))
+        copies.append((rows[-1], moved(launch)))
     for launch in post:
         rows.append("ALIGN=1's copy of C back alone")
         fns.append(lambda x=launch: run([x]))
+        copies.append((rows[-1], moved(launch)))
     staged = {"a": a2, "b": b2, "out": out2}
     gemm = KernelConfig({**first, "ALIGN": 0})
     add(f"GEMM alone on staged operands: {gemm.key()}",
@@ -124,12 +132,7 @@ def probe(shape: dict[str, int], dtype: str, rounds: int, smoke: bool,
     for i in sorted(range(len(rows)), key=lambda i: ms[i + 1]):
         t = ms[i + 1]
         if rows[i].startswith("ALIGN=1's copy"):
-            launch = (pre + post)[[r for r in rows if r.startswith("ALIGN=1's copy")]
-                                  .index(rows[i])]
-            src, dst = launch[2][0], launch[2][1]
-            moved = (src.shape[0] * src.shape[1] + dst.shape[0] * dst.shape[1]) * \
-                src.element_size()
-            rate = f"{moved / t / 1e9:.2f} TB/s"
+            rate = f"{dict(copies)[rows[i]] / t / 1e9:.2f} TB/s"
         else:
             rate = f"{flops / t / 1e9:.1f}"
         log(f"| {rows[i]} | {t:.4f} | {rate} | {ms[0] / t:.3f} |")

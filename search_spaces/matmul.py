@@ -411,17 +411,35 @@ def _matmul_stream_k_kernel(
 
 
 @triton.jit
-def _stage_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_src, stride_dst,
-                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dst[:dst_rows, :dst_cols] = src[:rows, :cols], zero past src's edges (ALIGN's copies:
-    ``stage``). Rows of either side may be unaligned; each program copies one block."""
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+def _copy_block(src_ptr, dst_ptr, block, rows, cols, dst_rows, dst_cols, stride_src,
+                stride_dst, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Block ``block`` (row-block major) of ``dst[:dst_rows, :dst_cols] = src[:rows, :cols]``,
+    zero past src's edges."""
+    blocks_c = tl.cdiv(dst_cols, BLOCK_C)
+    r = (block // blocks_c) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = (block % blocks_c) * BLOCK_C + tl.arange(0, BLOCK_C)
     r64 = r.to(tl.int64)[:, None]
     x = tl.load(src_ptr + r64 * stride_src + c[None, :],
                 mask=(r[:, None] < rows) & (c[None, :] < cols), other=0.0)
     tl.store(dst_ptr + r64 * stride_dst + c[None, :], x,
              mask=(r[:, None] < dst_rows) & (c[None, :] < dst_cols))
+
+
+@triton.jit
+def _stage_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_src, stride_dst,
+                  src2_ptr, dst2_ptr, rows2, cols2, dst_rows2, dst_cols2, stride_src2,
+                  stride_dst2, first2, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                  TWO: tl.constexpr):
+    """ALIGN's copies (``stage``) in one launch: programs ``0 .. first2 - 1`` copy the first
+    pair's blocks, the rest (with ``TWO``) the second's. Rows of either side may be
+    unaligned."""
+    pid = tl.program_id(0)
+    if TWO and pid >= first2:
+        _copy_block(src2_ptr, dst2_ptr, pid - first2, rows2, cols2, dst_rows2, dst_cols2,
+                    stride_src2, stride_dst2, BLOCK_R, BLOCK_C)
+    else:
+        _copy_block(src_ptr, dst_ptr, pid, rows, cols, dst_rows, dst_cols, stride_src,
+                    stride_dst, BLOCK_R, BLOCK_C)
 
 
 #: The VARIANT parameter's values. Config values are ints (KernelConfig, the store, the API),
@@ -640,17 +658,22 @@ def _launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 Launch = tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]
 
 
-def _copy_launch(src: torch.Tensor, dst: torch.Tensor) -> Launch:
-    """``_stage_kernel`` copying ``src`` into the top-left of ``dst`` (2-D, rows contiguous
-    on the destination side) and zero-filling the rest of ``dst``."""
-    rows, cols = src.shape
-    dst_rows, dst_cols = dst.shape
-    grid = (triton.cdiv(dst_rows, _STAGE_BLOCK_R), triton.cdiv(dst_cols, _STAGE_BLOCK_C))
-    if src.stride(1) != 1 or dst.stride(1) != 1:
-        raise ValueError("ALIGN=1 stages row-major operands only")
-    return (_stage_kernel, grid,
-            (src, dst, rows, cols, dst_rows, dst_cols, src.stride(0), dst.stride(0)),
-            {"BLOCK_R": _STAGE_BLOCK_R, "BLOCK_C": _STAGE_BLOCK_C, "num_warps": _STAGE_WARPS})
+def _copy_launch(*pairs: tuple[torch.Tensor, torch.Tensor]) -> Launch:
+    """One ``_stage_kernel`` launch copying each ``src`` (one or two pairs) into the top-left
+    of its ``dst`` (2-D, rows contiguous on both sides) and zero-filling the rest of ``dst``."""
+    args: list[Any] = []
+    blocks = []
+    for src, dst in pairs:
+        if src.stride(1) != 1 or dst.stride(1) != 1:
+            raise ValueError("ALIGN=1 stages row-major operands only")
+        blocks.append(triton.cdiv(dst.shape[0], _STAGE_BLOCK_R)
+                      * triton.cdiv(dst.shape[1], _STAGE_BLOCK_C))
+        args += [src, dst, *src.shape, *dst.shape, src.stride(0), dst.stride(0)]
+    if len(pairs) == 1:
+        args += args  # the second pair's arguments, unused (TWO=False)
+    return (_stage_kernel, (sum(blocks),), (*args, blocks[0]),
+            {"BLOCK_R": _STAGE_BLOCK_R, "BLOCK_C": _STAGE_BLOCK_C, "TWO": len(pairs) == 2,
+             "num_warps": _STAGE_WARPS})
 
 
 def _aligned_rows(t: torch.Tensor) -> bool:
@@ -675,7 +698,8 @@ def stage(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelCon
     """ALIGN=1's operands: (a, b, out) as the GEMM kernels get them, the copies to run before
     them and the copy to run after. Where K is not a multiple of ALIGN_ELEMS, A becomes an
     M x K' buffer and B a K' x N' one (K' = K rounded up, zeros past K: they add nothing to
-    the products); where only B's rows are unaligned, B alone is copied. Buffers' rows are
+    the products), both copied by one launch; where only B's rows are unaligned, B alone is
+    copied. Buffers' rows are
     multiples of ALIGN_ELEMS elements (16 B and more), so Triton vectorises every load and
     the descriptor variants run. C is written through an aligned buffer only for kernels
     that store it by descriptor. With ALIGN=0, or nothing unaligned, nothing changes."""
@@ -683,22 +707,23 @@ def stage(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelCon
         return a, b, out, [], []
     (M, K), N = a.shape, b.shape[1]
     kp = round_up(K, ALIGN_ELEMS)
-    pre: list[Launch] = []
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     post: list[Launch] = []
     if kp != K or not _aligned_rows(a):
         staged = torch.empty((M, kp), device=a.device, dtype=a.dtype)
-        pre.append(_copy_launch(a, staged))
+        copies.append((a, staged))
         a = staged
     if kp != K or not _aligned_rows(b):
         staged = torch.empty((kp, round_up(N, ALIGN_ELEMS)), device=b.device, dtype=b.dtype)
-        pre.append(_copy_launch(b, staged))
+        copies.append((b, staged))
         b = staged[:, :N]
     if not _aligned_rows(out) and _stores_by_descriptor(config, a):
         staged = torch.empty((M, round_up(N, ALIGN_ELEMS)), device=out.device,
                              dtype=out.dtype)[:, :N]
-        post.append(_copy_launch(staged, out))
+        post.append(_copy_launch((staged, out)))
         out = staged
-    return a, b, out, pre, post
+    # A's and B's copies as one launch (host time counts on small problems)
+    return a, b, out, [_copy_launch(*copies)] if copies else [], post
 
 
 def _all_launches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig,

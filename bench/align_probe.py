@@ -16,6 +16,7 @@ with torch.matmul (cuBLAS), do_bench medians (L2 flushed):
 Each kernel is verified once against the fp32 reference first.
 
     python3 -m bench.align_probe [--shape 777,1234,4321:float16 ...] [--rounds 3] [--smoke]
+    python3 -m bench.align_probe --host [--shape ...]   # where each call's host time goes
 
 ``--smoke`` runs every kernel once on the CPU interpreter on a small problem, untimed.
 """
@@ -139,12 +140,67 @@ def probe(shape: dict[str, int], dtype: str, rounds: int, smoke: bool,
     return wrong
 
 
+#: --host's configs: the unstaged best, and staged tiles with 2, 3 and 4 launches
+HOST_CONFIGS = [("tiled", 1, (64, 64, 64, 1, 4, 3), 0), ("tiled", 1, (64, 128, 64, 8, 4, 4), 1),
+                ("split_k", 2, (64, 256, 64, 8, 4, 4), 1),
+                ("tma_persistent", 1, (128, 128, 64, 8, 4, 4), 1)]
+#: --host's back-to-back calls per measurement (under the launch queue's depth)
+HOST_CALLS = 200
+
+
+def host_probe(shape: dict[str, int], dtype: str, log: Callable[[str], None]) -> None:
+    """Where a launch's host time goes: per call, the Python that builds the launches
+    (``_all_launches``: ALIGN's buffers included, nothing launched), the whole ``launch``
+    enqueued back to back (host time: the GPU runs behind it unless the host is the
+    bottleneck), the wall per call of the same loop until the GPU is done, and do_bench's
+    flushed median for comparison."""
+    import time
+
+    import torch
+    import triton
+
+    from search_spaces import matmul as mm
+    from search_spaces.matmul import KERNEL
+    from tuner.config import KernelConfig
+
+    inputs = KERNEL.make_inputs(shape, dtype, "cuda", seed=0)
+    a, b, out = inputs["a"], inputs["b"], inputs["out"]
+    log(f"\n### Host time per call: M={shape['M']},N={shape['N']},K={shape['K']} {dtype}\n")
+    log(f"{HOST_CALLS} calls back to back after 20 warm-up calls; us a call.\n")
+    log("| config | launches | building the launches (us) | enqueueing the calls (us) | "
+        "wall until done (us) | do_bench, L2 flushed (us) |")
+    log("| --- | --- | --- | --- | --- | --- |")
+    for variant, split, tile, align in HOST_CONFIGS:
+        c = KernelConfig({**_config(variant, split, tile), "ALIGN": align})
+        launches = len(mm._all_launches(a, b, out, c))
+        for _ in range(20):
+            KERNEL.launch(c, inputs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            mm._all_launches(a, b, out, c)
+        build = (time.perf_counter() - t0) / HOST_CALLS * 1e6
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            KERNEL.launch(c, inputs)
+        enqueue = (time.perf_counter() - t0) / HOST_CALLS * 1e6
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / HOST_CALLS * 1e6
+        flushed = float(triton.testing.do_bench(lambda c=c: KERNEL.launch(c, inputs),
+                                                warmup=25, rep=100)) * 1e3
+        log(f"| {c.key()} | {launches} | {build:.1f} | {enqueue:.1f} | {wall:.1f} | "
+            f"{flushed:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="M,N,K:dtype (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None, help="also write the tables here")
+    ap.add_argument("--host", action="store_true",
+                    help="instead: where each call's host time goes (GPU only)")
     args = ap.parse_args(argv)
     lines: list[str] = []
 
@@ -157,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     wrong = 0
     for text in args.shape or list(SHAPES[:1] if args.smoke else SHAPES):
         shape, dtype = _parse(text)
-        wrong += probe(shape, dtype, args.rounds, args.smoke, log)
+        if args.host:
+            host_probe(shape, dtype, log)
+        else:
+            wrong += probe(shape, dtype, args.rounds, args.smoke, log)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

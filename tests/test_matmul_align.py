@@ -131,3 +131,11 @@ def test_the_cost_model_charges_the_copies_and_credits_aligned_loads():
     small = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_stages=2)
     assert (cost_model.estimate(config("tiled", **small), tiny_k)
             > cost_model.estimate(config("tiled", align=0, **small), tiny_k))
+
+
+def test_the_align_probe_smoke_runs_every_staged_kernel_right():
+    """bench/align_probe.py --smoke: every kernel the GPU probe times (unstaged, staged whole,
+    the copies alone, the GEMM on staged operands) runs and verifies on the interpreter."""
+    from bench import align_probe
+
+    assert align_probe.main(["--smoke"]) == 0

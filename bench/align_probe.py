@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.matmul_variants import _config, timed_interleaved, verified_once
+from bench.skinny_probe import _parse
 
 SHAPES = ("777,1234,4321:float16", "1500,3001,999:float16", "1000,3000,500:float16",
           "777,1234,4321:float32",
@@ -45,12 +46,6 @@ STAGED = [("tma_persistent", 1, (128, 128, 64, 8, 4, 4)),
           ("persistent", 1, (128, 128, 64, 8, 8, 4)),
           ("split_k", 2, (128, 128, 64, 8, 4, 4)), ("split_k", 2, (64, 128, 64, 8, 4, 4)),
           ("stream_k", 1, (128, 128, 64, 8, 4, 4))]
-
-
-def _parse(text: str) -> tuple[dict[str, int], str]:
-    dims, _, dtype = text.partition(":")
-    m, n, k = (int(v) for v in dims.split(","))
-    return {"M": m, "N": n, "K": k}, dtype or "float16"
 
 
 def probe(shape: dict[str, int], dtype: str, rounds: int, smoke: bool,

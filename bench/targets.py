@@ -52,6 +52,8 @@ PROBLEMS = [
     Problem("matmul", "M=777,N=1234,K=4321", "float16", "x_torch", 1.0, 13),
     Problem("matmul", "M=1500,N=3001,K=999", "float16", "x_torch", 1.0, 13,
             "unaligned K and N: the issue's 1.2x on unaligned shapes, to keep"),
+    Problem("matmul", "M=8192,N=50257,K=768", "bfloat16", "x_torch", 1.0, 13,
+            "GPT-2's logits (vocabulary 50257: B's and C's rows unaligned)"),
     Problem("matmul_epilogue_gelu", "M=4096,N=4096,K=4096", "bfloat16", "x_torch", 1.15, 13,
             "torch: addmm (bias) then gelu(tanh)"),
     Problem("moe_gemm", "M=4096,N=14336,K=4096,E=8,TOPK=2", "bfloat16", "x_torch", 1.0, 13,

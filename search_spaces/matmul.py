@@ -20,8 +20,8 @@ right. The algorithm is a search parameter, ``VARIANT`` (an int: ``VARIANTS`` na
 (K not a multiple of 16, or B's rows not 16-byte aligned) are first copied into zero-padded
 buffers with aligned rows (``stage``: one read and one write of each, inside the timed launch).
 Unaligned rows otherwise load one 2-byte element at a time, with no asynchronous copies, and
-rule out TMA; cuBLAS is as slow there, and staged kernels ran 1.4-2.6x faster than it on the
-H200 (bench/NOTES.md).
+rule out TMA; cuBLAS is as slow there, and the tuned staged kernels ran 2.1-4.4x faster than
+it on the H200 (bench/NOTES.md, GPU time: a staged call also costs 2-3 launches of host time).
 
 Warp specialisation (``tl.range(..., warp_specialize=True)``) is not a variant: Triton's docs
 give it for Blackwell; on the H200 with Triton 3.6 it compiles for ``tma_persistent`` and
@@ -1041,7 +1041,7 @@ class MatmulKernel:
         if not staging_needed(shape, 4 if dtype == "float32" else 2):
             return good
         # unaligned operands: the staged tiles first (ALIGN=1; bench/NOTES.md measured them
-        # 1.4-2.6x cuBLAS where every unstaged config loads 2-byte elements)
+        # 1.2-3.3x cuBLAS where every unstaged config loads 2-byte elements)
         staged = [KernelConfig({**dict(zip(names, c, strict=True)), "ALIGN": 1})
                   for c in _KNOWN_GOOD_ALIGNED
                   if c[0] != TMA_PERSISTENT or dtype in ("float16", "bfloat16")]

@@ -59,11 +59,15 @@ def _a_killed_worker_is_replaced(serve: subprocess.Popen[bytes]) -> None:
 def test_a_worker_stopped_by_sigterm_requeues_its_task_with_its_trials(tmp_path: Path):
     db_url = f"sqlite:///{tmp_path / 'w.db'}"
     factory = init_db(db_url)
-    # 64^3 has more feasible configs than a few batches: the stop lands mid-search
+    # 64^3 has more feasible configs than a few batches, and with the early stops off the
+    # search runs to its 2000-trial budget: the stop lands mid-search however slow the machine
+    # (with them on, a slow CI machine once saw the search end before the stop landed)
     task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
     log = open(tmp_path / "worker.log", "wb")
+    no_early_stop = {"TUNER_STOP_CHANCE": "0", "TUNER_PATIENCE": "0", "TUNER_ROOFLINE_STOP": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
-                             "interpret"], env=interpreter_env(TUNER_DATABASE_URL=db_url),
+                             "interpret"],
+                            env=interpreter_env(TUNER_DATABASE_URL=db_url, **no_early_stop),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: _task(factory, task_id).trials_done >= 1, proc, timeout=180)

@@ -543,15 +543,23 @@ def stream_k_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     with this Triton's descriptors, 16-bit inputs, row-major A, B and C with 16-byte aligned
     rows and bases (what the cost model assumes from the problem: ``stream_k_tma_problem``);
     elsewhere it uses the pointer loads and stores of the persistent kernel."""
-    if not HAS_TENSOR_DESCRIPTORS or a.device.type != "cuda":
-        return False
-    if a.dtype not in (torch.float16, torch.bfloat16) or b.dtype != a.dtype:
-        return False
-    if torch.cuda.get_device_capability(a.device) < (9, 0):
-        return False
-    e = a.element_size()
-    return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
-               and t.data_ptr() % 16 == 0 for t in (a, b, out)) and e == out.element_size()
+    return (_descriptors_for(a, b)
+            and all(_aligned_rows(t) for t in (a, b, out))
+            and a.element_size() == out.element_size())
+
+
+def _descriptors_for(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether this Triton and device run descriptor (TMA) loads of these inputs, their rows
+    aside: sm_90+ on CUDA, 16-bit inputs of one dtype."""
+    return (HAS_TENSOR_DESCRIPTORS and a.device.type == "cuda"
+            and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype
+            and torch.cuda.get_device_capability(a.device) >= (9, 0))
+
+
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Row-major with 16-byte aligned rows and base: every row loads in 16-byte vectors."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)
 
 
 def tma_unavailable(ctx: ProblemContext) -> str | None:
@@ -676,21 +684,11 @@ def _copy_launch(*pairs: tuple[torch.Tensor, torch.Tensor]) -> Launch:
              "num_warps": _STAGE_WARPS})
 
 
-def _aligned_rows(t: torch.Tensor) -> bool:
-    """Row-major with 16-byte aligned rows and base: every row loads in 16-byte vectors."""
-    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0)
-
-
-def _stores_by_descriptor(config: KernelConfig, a: torch.Tensor) -> bool:
+def _stores_by_descriptor(config: KernelConfig, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the variant stores C by a tensor descriptor once its operands are aligned:
     tma_persistent always, stream_k where ``stream_k_tma`` would hold."""
     variant = variant_of(config)
-    if variant == TMA_PERSISTENT:
-        return True
-    return (variant == STREAM_K and HAS_TENSOR_DESCRIPTORS and a.device.type == "cuda"
-            and a.dtype in (torch.float16, torch.bfloat16)
-            and torch.cuda.get_device_capability(a.device) >= (9, 0))
+    return variant == TMA_PERSISTENT or (variant == STREAM_K and _descriptors_for(a, b))
 
 
 def stage(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig,
@@ -717,7 +715,7 @@ def stage(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelCon
         staged = torch.empty((kp, round_up(N, ALIGN_ELEMS)), device=b.device, dtype=b.dtype)
         copies.append((b, staged))
         b = staged[:, :N]
-    if not _aligned_rows(out) and _stores_by_descriptor(config, a):
+    if not _aligned_rows(out) and _stores_by_descriptor(config, a, b):
         staged = torch.empty((M, round_up(N, ALIGN_ELEMS)), device=out.device,
                              dtype=out.dtype)[:, :N]
         post.append(_copy_launch((staged, out)))

@@ -21,7 +21,7 @@ the grid, not the per-step model: ``persistent`` runs one program per SM, so no 
 and no per-tile prologue after the first (the flattened loop overlaps a tile's store with the
 next tile's loads), but one CTA per SM and quantisation of the tiles over the SMs;
 ``ALIGN=1`` (matmul's staging of unaligned operands) is its GEMM on the padded problem plus
-the copies (a launch each, their bytes at STAGE_BW); ``tma_persistent`` adds copy-engine loads
+the copies (their launches, their bytes at STAGE_BW); ``tma_persistent`` adds copy-engine loads
 (no operand registers, no unaligned-row penalty: its constraint wants 16-byte rows, a little
 more tensor-core efficiency) and the output tile's
 staging in shared memory, and takes split tiles (BLOCK_N 192, at a measured efficiency);
@@ -127,16 +127,18 @@ def _stream_k_tma(ctx: ProblemContext, aligned: bool = False) -> bool:
 
 def _staged(config: Mapping[str, int], ctx: ProblemContext) -> tuple[ProblemContext, float]:
     """matmul ALIGN=1 (search_spaces.matmul stage): the problem its GEMM kernels see (K and
-    N rounded up to ALIGN_ELEMS: aligned rows) and the seconds its copies take (A and B where
-    staged, C back where the variant stores by descriptor), each a launch plus its bytes."""
+    N rounded up to ALIGN_ELEMS: aligned rows) and the seconds its copies take: A and B where
+    staged (one launch), C back where the variant stores by descriptor (another), each launch
+    plus its bytes."""
     M, N, K = ctx.shape["M"], ctx.shape["N"], ctx.shape["K"]
     e = ctx.elem_bytes
     kp, np_ = _cdiv(K, ALIGN_ELEMS) * ALIGN_ELEMS, _cdiv(N, ALIGN_ELEMS) * ALIGN_ELEMS
-    copied = []
+    operands = 0
     if kp != K:
-        copied.append(M * (K + kp) * e)
+        operands += M * (K + kp) * e
     if kp != K or N * e % 16:
-        copied.append((K * N + kp * np_) * e)
+        operands += (K * N + kp * np_) * e
+    copied = [operands] if operands else []
     variant = int(config.get("VARIANT", TILED))
     if N * e % 16 and (variant == TMA_PERSISTENT or (
             variant == STREAM_K and _stream_k_tma(ctx, aligned=True))):

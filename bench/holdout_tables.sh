@@ -59,25 +59,7 @@ echo "\$ $PY -m bench.record_tables --kernel matmul --shapes '$SHAPES' --out-dir
 status=$?
 echo "== $(date -u +%T) recorded in $(( $(date +%s) - START )) s (status $status)"
 
-"$PY" - "$OUT" <<'PY'
-import json
-import sys
-from pathlib import Path
-
-for path in sorted(Path(sys.argv[1]).glob("matmul_*.json")):
-    t = json.loads(path.read_text())
-    cov = t.get("coverage", {})
-    ok = [r for r in t["results"] if "ms" in r]
-    best = min(ok, key=lambda r: r["ms"])
-    kept = [r["ms"] for r in ok if "constraint" not in r]
-    pruned_best = (f"; the optimum is PRUNED ({best['constraint']}), the best kept is "
-                   f"{min(kept) / best['ms']:.3f}x" if "constraint" in best and kept else "")
-    print(f"{path.name}: {cov.get('measured')}/{cov.get('space')} configs "
-          f"({'the whole space' if cov.get('complete') else 'INCOMPLETE: ' + str(cov.get('stopped'))}, "
-          f"{cov.get('wall_s')} s), {cov.get('constraint_pruned')} the constraints prune; "
-          f"{len(ok)} ok, best {best['ms']:.4f} ms, torch {t.get('reference_ms') or '-'}"
-          f"{pruned_best}")
-PY
+"$PY" -m bench.record_tables --summary --out-dir "$OUT"
 
 tables=("$OUT"/matmul_*.json)
 [ -e "${tables[0]}" ] || { echo "no table was written"; exit 1; }

@@ -2,7 +2,8 @@
 
     python3 -m bench.record_tables --kernel softmax --out-dir DIR \\
         --shapes "M=4096,N=8192:float16;M=16,N=131072:float16" [--backend cuda|interpret]
-        [--limit-seconds 150] [--total-seconds T [--reserve-seconds 30]]
+        [--limit-seconds 150] [--total-seconds T [--reserve-seconds 30]] [--sample N]
+    python3 -m bench.record_tables --summary --out-dir DIR      # a line about each table
     python3 -m bench.record_tables --out-dir tests/data/replay [--shapes all|0,2|MxNxK:dtype]
 
 The kernel is loaded by name (``search_spaces.get_kernel``: built-ins and plugins); the default is
@@ -14,12 +15,20 @@ child, verification against the kernel's reference, do_bench with the L2 flushed
 wrong results are recorded as errors. Configs are measured in a seeded random order, so that a
 table cut short by the wall-clock limit is an unbiased sample; the table says so (``timing``
 and ``coverage``). ``reference_ms`` holds the kernel's ``torch_baseline`` time where it has one.
+
+Configs that run the same code on a problem (the kernel's optional ``same_kernel``: matmul's
+SPLIT_K outside split_k, ALIGN=1 where nothing needs copying) are one kernel, measured once under
+the config that names it. ``--sample N`` measures the first N of the seeded order: a uniform random
+sample of the whole space, the same configs for every shape (so shapes of one dtype and
+alignment share the compiled binaries in Triton's cache), where the whole space is more than a
+session can measure (matmul with its variants: 21,600 distinct kernels a problem).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -226,10 +235,23 @@ def measure_space(backend: Any, configs: list, limit_s: float, t0: float, label:
     return measured, stopped
 
 
+def distinct_kernels(kernel: Any, configs: Sequence[Any], shape: Shape,
+                     dtype: str) -> list[Any]:
+    """``configs`` with each kernel once: the kernel's optional ``same_kernel(config, shape,
+    dtype)`` names the config that runs the same code (matmul: SPLIT_K outside split_k, ALIGN
+    where nothing is copied); without it every config is its own. Space order is kept."""
+    same = getattr(kernel, "same_kernel", None)
+    if not callable(same):
+        return list(configs)
+    return list(dict.fromkeys(same(c, shape, dtype) for c in configs))
+
+
 def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: float,
                  batch: int | None = None, backend_kind: str = "cuda",
-                 log: Log = _print) -> tuple[dict[str, Any], str, str]:
-    """Measure every config of the kernel's whole space on ``shape`` (seeded random order) and
+                 log: Log = _print, sample: int | None = None
+                 ) -> tuple[dict[str, Any], str, str]:
+    """Measure every distinct kernel of the kernel's whole space on ``shape`` (seeded random
+    order; with ``sample``, the first ``sample`` of that order: a uniform random sample) and
     return the table, its file name and a summary line."""
     from tuner.backends.process import ProcessBackend
     from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext
@@ -244,23 +266,34 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
                              fp.sm_count or ProblemContext.sm_count,
                              ProblemContext.capability_of(fp.compute_capability))
         space = kernel.space()
-        configs = list(space)  # the whole space: what the constraints would prune included
+        whole = list(space)  # the whole space: what the constraints would prune included
+        configs = distinct_kernels(kernel, whole, shape, dtype)
         random.Random(0).shuffle(configs)
+        distinct = len(configs)
+        if sample is not None:
+            configs = configs[:sample]
         pruned = {c: r for c in configs if (r := space.violation(c, ctx))}
         log(f"[{label}] {len(configs)} configs ({len(pruned)} that the constraints would "
-            f"prune) on {fp.name}, limit {limit_s:.0f} s")
+            f"prune) of the space's {distinct} distinct kernels ({len(whole)} configs) on "
+            f"{fp.name}, limit {limit_s:.0f} s")
         size = batch or max(8, 4 * int(getattr(backend, "preferred_batch", 1)))
         measured, stopped = measure_space(backend, configs, limit_s, t0, label, size, log)
     finally:
         backend.close()
     wall = time.monotonic() - t0
-    coverage = {"space": len(configs), "measured": len(measured),
-                "complete": len(measured) == len(configs), "limit_s": round(limit_s, 1),
+    coverage = {"space": distinct, "measured": len(measured),
+                "complete": len(measured) == distinct, "limit_s": round(limit_s, 1),
                 "wall_s": round(wall, 1), "constraint_pruned": len(pruned),
-                "stopped": stopped}
+                "stopped": stopped, "space_configs": len(whole), "sample": sample}
     note = (f"{getattr(kernel, 'description', name)}; every config of its space, including "
             "those its constraints prune (their reason under \"constraint\")")
-    how = timing_note(backend_kind, len(measured), len(configs), wall, stopped,
+    if distinct < len(whole):
+        note += (f"; its {len(whole)} configs are {distinct} distinct kernels on this problem "
+                 "(the rest differ only in parameters the code does not read here: "
+                 f"{name}.same_kernel), each recorded once")
+    if sample is not None and sample < distinct:
+        stopped = stopped or f"a sample of {sample}"
+    how = timing_note(backend_kind, len(measured), distinct, wall, stopped,
                       float(getattr(timing, "compile_timeout_s", 30.0)))
     table = table_of(shape, dtype, measured, fp, how, kernel=name, kernel_note=note,
                      constraints=pruned, params=sorted(space.names), coverage=coverage)
@@ -279,6 +312,43 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
                f"in {wall:.1f} s; {len(ok)} ok, best "
                f"{ok[0] if ok else float('nan'):.4f} ms, torch {table['reference_ms']}")
     return table, file_name, summary
+
+
+# -- reading tables back ------------------------------------------------------------------------
+
+def summary_line(name: str, table: dict[str, Any]) -> str:
+    """One line about a recorded table: its coverage, its best (and whether the constraints
+    prune it), the torch baseline, and each VARIANT's best where the configs have one."""
+    cov = table.get("coverage", {})
+    ok = [r for r in table["results"] if "ms" in r]
+    if not ok:
+        return f"{name}: no config ran"
+    best = min(ok, key=lambda r: r["ms"])
+    kept = [r["ms"] for r in ok if "constraint" not in r]
+    pruned = (f"; the optimum is PRUNED ({best['constraint']}), the best kept is "
+              f"{min(kept) / best['ms']:.3f}x" if "constraint" in best and kept else "")
+    whole = ("the whole space" if cov.get("complete")
+             else f"INCOMPLETE: {cov.get('stopped') or 'a sample of ' + str(cov.get('sample'))}")
+    line = (f"{name}: {cov.get('measured')}/{cov.get('space')} configs ({whole}, "
+            f"{cov.get('wall_s')} s), {cov.get('constraint_pruned')} the constraints prune; "
+            f"{len(ok)} ok, best {best['ms']:.4f} ms, torch {table.get('reference_ms') or '-'}"
+            f"{pruned}")
+    variants: dict[int, float] = {}
+    for r in ok:
+        v = r["config"].get("VARIANT")
+        if v is not None:
+            variants[v] = min(variants.get(v, math.inf), r["ms"])
+    if variants:
+        line += "; best by VARIANT: " + ", ".join(
+            f"{v}: {ms:.4f}" for v, ms in sorted(variants.items()))
+    return line
+
+
+def summarize(folder: str, log: Log = _print) -> int:
+    paths = sorted(Path(folder).glob("*.json"))
+    for path in paths:
+        log(summary_line(path.name, json.loads(path.read_text())))
+    return 0 if paths else 1
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -300,6 +370,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="with --total-seconds: kept for each later table")
     ap.add_argument("--compile-timeout", type=float, default=TIMING["compile_timeout_s"],
                     help="seconds a config may compile before it is recorded as a timeout")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="measure only the first N distinct kernels of the seeded random order "
+                         "(a uniform random sample of the whole space, the same N for every "
+                         "shape)")
+    ap.add_argument("--summary", action="store_true",
+                    help="only print a line about each table under --out-dir")
     ap.add_argument("--batch", type=int, default=None,
                     help="configs per measure call (default 4x the compile pool, >= 8)")
     return ap.parse_args(argv)
@@ -320,6 +396,8 @@ def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
     from tuner.backends import TimingOptions
 
     args = parse_args(argv)
+    if args.summary:
+        return summarize(args.out_dir, log)
     kernel = get_kernel(args.kernel)
     dims = [d.name for d in kernel.dims]
     spec = args.shapes or ("all" if args.kernel == "matmul" else "")
@@ -331,6 +409,9 @@ def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
                              else "give --shapes")
     except (ValueError, IndexError) as exc:
         log(f"record_tables: bad --shapes: {exc}")
+        return 2
+    if args.sample is not None and args.sample < 1:
+        log(f"record_tables: --sample must be at least 1 (got {args.sample})")
         return 2
     timing = TimingOptions(**{**TIMING, "compile_timeout_s": args.compile_timeout})
     out = Path(args.out_dir)
@@ -345,7 +426,8 @@ def main(argv: Sequence[str] | None = None, log: Log = _print) -> int:
             continue
         try:
             table, file_name, summary = record_shape(kernel, shape, dtype, timing, limit,
-                                          args.batch, args.backend, log)
+                                                     args.batch, args.backend, log,
+                                                     args.sample)
         except Exception as exc:  # noqa: BLE001 - the next shape may still work
             log(f"{args.kernel} {shape} {dtype}: failed: {type(exc).__name__}: {exc}")
             continue

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from tuner.config import KernelConfig
-from tuner.dtypes import next_pow2, torch_dtype
+from tuner.dtypes import element_bytes, next_pow2, torch_dtype
 from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
@@ -1063,6 +1063,17 @@ class MatmulKernel:
         dt = torch_dtype(dtype)
         out = torch.empty((M, N), device=device, dtype=dt)
         return {"a": a.to(dt), "b": b.to(dt), "out": out}
+
+    def same_kernel(self, config: KernelConfig, shape: Mapping[str, int],
+                    dtype: str) -> KernelConfig:
+        """The config that runs the same code as ``config`` on this problem: SPLIT_K is read
+        by split_k alone (elsewhere it is 1), and ALIGN=1 copies nothing where the rows are
+        aligned (there it is 0). Every other parameter changes the binary or its launch."""
+        split = config.get("SPLIT_K", 1) if variant_of(config) == SPLIT_K_VARIANT else 1
+        align = align_of(config) if staging_needed(shape, element_bytes(dtype)) else 0
+        if (config.get("SPLIT_K", 1), align_of(config)) == (split, align):
+            return config
+        return KernelConfig({**config, "SPLIT_K": split, "ALIGN": align})
 
     def compile_shape(self, shape: Mapping[str, int], dtype: str) -> dict[str, int]:
         """Compile on a small problem: every dimension (and so every stride) keeps its residue

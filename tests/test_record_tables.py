@@ -18,10 +18,12 @@ import triton.language as tl
 import tuner
 from bench.record_tables import (
     device_tag,
+    distinct_kernels,
     main,
     parse_shape,
     record_shape,
     select_shapes,
+    summary_line,
     table_limit,
     table_name,
 )
@@ -173,6 +175,45 @@ def test_the_whole_space_is_recorded_pruned_configs_included():
     assert ReplayBackend(parsed).measure([some])[0].outcome is Outcome.OK
 
 
+def test_matmul_is_recorded_once_per_distinct_kernel_and_samples_are_one_seeded_prefix():
+    kernel = get_kernel("matmul")
+    whole = list(kernel.space())
+    aligned = distinct_kernels(kernel, whole, {"M": 16, "N": 32, "K": 32}, "float16")
+    unaligned = distinct_kernels(kernel, whole, {"M": 16, "N": 33, "K": 30}, "float16")
+    # VARIANT 5 x SPLIT_K 5 x BLOCK_M 5 x BLOCK_N 5 x BLOCK_K 4 x GROUP_M 2 x warps 3 x
+    # stages 4 x ALIGN 2; SPLIT_K is split_k's alone (4 variants x 2,400 tiles + 5 x 2,400),
+    # and ALIGN copies something only on the unaligned problem
+    assert (len(whole), len(aligned), len(unaligned)) == (120000, 21600, 43200)
+    assert all(c["SPLIT_K"] == 1 or c["VARIANT"] == 3 for c in aligned)
+    assert {c["ALIGN"] for c in aligned} == {0} and {c["ALIGN"] for c in unaligned} == {0, 1}
+    assert {c["VARIANT"] for c in aligned} == {0, 1, 2, 3, 4}
+    tiled_split = KernelConfig({**aligned[0], "VARIANT": 0, "SPLIT_K": 4, "ALIGN": 1})
+    assert kernel.same_kernel(tiled_split, {"M": 16, "N": 32, "K": 32}, "float16") == \
+        KernelConfig({**tiled_split, "SPLIT_K": 1, "ALIGN": 0})
+    assert kernel.same_kernel(tiled_split, {"M": 16, "N": 33, "K": 30}, "float16") == \
+        KernelConfig({**tiled_split, "SPLIT_K": 1})
+    split = KernelConfig({**tiled_split, "VARIANT": 3, "ALIGN": 0})
+    assert kernel.same_kernel(split, {"M": 16, "N": 33, "K": 30}, "float16") is split
+
+    # two aligned problems of one dtype measure the same sample (one set of binaries)
+    tables = [record_shape(kernel, shape, "float16", TimingOptions(), 120.0, sample=3,
+                           backend_kind="interpret", log=lambda line: None)[0]
+              for shape in ({"M": 16, "N": 32, "K": 32}, {"M": 48, "N": 64, "K": 32})]
+    samples = [[KernelConfig(r["config"]) for r in t["results"]] for t in tables]
+    assert len(samples[0]) == 3 and set(samples[0]) == set(samples[1])
+    assert set(samples[0]) <= set(aligned)
+    for table in tables:
+        assert table["coverage"] == {**table["coverage"], "space": 21600, "measured": 3,
+                                     "complete": False, "sample": 3, "space_configs": 120000}
+        assert "INCOMPLETE (a sample of 3)" in table["timing"]
+        assert "120000 configs are 21600 distinct kernels" in table["kernel_note"]
+        line = summary_line("t.json", table)
+        assert line.startswith("t.json: 3/21600 configs (INCOMPLETE: a sample of 3, ")
+        best = min((r for r in table["results"] if "ms" in r), key=lambda r: r["ms"])
+        assert "best by VARIANT: " in line and f"{best['config']['VARIANT']}: " \
+            f"{best['ms']:.4f}" in line
+
+
 def test_the_command_records_a_table_and_says_when_the_limit_cut_it(tmp_path: Path):
     lines: list[str] = []
     code = main(["--kernel", "softmax", "--shapes", "M=4,N=33:float32", "--out-dir",
@@ -200,6 +241,10 @@ def test_bad_shapes_are_refused_with_status_2(tmp_path: Path):
     for shapes in ("M=4:float32", "M=4,N=8:int8", "4x8x2:float32"):
         assert main(["--kernel", "softmax", "--shapes", shapes, "--out-dir", str(tmp_path),
                      "--backend", "interpret"], log=lambda line: None) == 2
+    lines: list[str] = []
+    assert main(["--kernel", "softmax", "--shapes", "M=4,N=8:float32", "--out-dir",
+                 str(tmp_path), "--backend", "interpret", "--sample", "0"], log=lines.append) == 2
+    assert lines == ["record_tables: --sample must be at least 1 (got 0)"]
     assert not list(tmp_path.iterdir())
 
 

@@ -10,6 +10,13 @@ ms / config ms: above 1 the config is faster). A quick look, not the tuner's pro
 Usage (on the GPU machine)::
 
     python3 -m bench.matmul_variants [--only 4096] [--rounds 3]
+    python3 -m bench.matmul_variants --table T.json [--table ...]
+
+``--table`` re-times a recorded replay table's picks on its own problem instead: the table's
+best, each VARIANT's best, and beside each one of another variant its tiled twin (the same tile
+with VARIANT=0, whether or not the table holds it), pruned configs included (their reason is
+logged): a check, in one process, of what a sampled table says about the variants and of the
+constraints that prune its best.
 
 ``--smoke`` runs and verifies every config once on the CPU interpreter, on small shapes with the
 same alignments, in float16 (the interpreter's bf16 dot is wrong), untimed.
@@ -21,7 +28,7 @@ import argparse
 import os
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
@@ -101,14 +108,40 @@ def verified_once(launch: Callable[[], Any], out: Any, ref: Any, kernel: Any, dt
     return True
 
 
-def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print) -> int:
+def table_picks(path: str) -> tuple[str, str, list[Any]]:
+    """(shape text, dtype, configs) of a replay table: its best, each VARIANT's best, and the
+    tiled twin of each pick of another variant, best first, each once."""
+    from search_spaces.matmul import TILED, variant_of
+    from tuner.backends.replay import load_table
+    from tuner.config import KernelConfig
+
+    table = load_table(path)
+    timed = sorted(((ms, c) for c, ms in table.results.items() if isinstance(ms, float)),
+                   key=lambda r: r[0])
+    best_of: dict[int, Any] = {}
+    for _, config in timed:
+        best_of.setdefault(variant_of(config), config)
+    picks: list[Any] = []
+    for config in dict.fromkeys([timed[0][1], *best_of.values()]):
+        picks.append(config)
+        n = config["BLOCK_N"]
+        if variant_of(config) != TILED and n & (n - 1) == 0:  # a split tile has no twin
+            picks.append(KernelConfig({**config, "VARIANT": TILED, "SPLIT_K": 1}))
+    shape_text = ",".join(f"{k}={v}" for k, v in table.shape.items())
+    return shape_text, table.dtype, list(dict.fromkeys(picks))
+
+
+def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print,
+        targets: list[tuple[str, str, float, list[Any]]] | None = None,
+        keep_pruned: bool = False) -> int:
+    """Each target's configs verified, then timed interleaved with torch (``targets``: TARGETS
+    by default; a target of 0 is not printed). ``keep_pruned`` times configs the constraints
+    prune as well; a config that fails to build is logged and left out."""
     import torch
 
     from search_spaces import matmul as mm
     from search_spaces.matmul import KERNEL
-    from tuner.kernel import output_check_of
     from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext
-    from tuner.verification import compare
 
     device = "cpu" if smoke else "cuda"
     sms, smem, cc = 132, DEFAULT_SMEM_LIMIT, 90
@@ -119,7 +152,7 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
         log(f"{props.name}, {sms} SMs, sm_{cc}")
     space = KERNEL.space()
     wrong = 0
-    for shape_text, dtype, target, configs in TARGETS:
+    for shape_text, dtype, target, configs in TARGETS if targets is None else targets:
         if only and only not in shape_text:
             continue
         shape = _shape(shape_text)
@@ -129,20 +162,19 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
         inputs = KERNEL.make_inputs(shape, "float16" if smoke else dtype, device, seed=0)
         ref = KERNEL.reference(inputs)
         rows, fns = [], []
-        for variant, split, tile in configs:
-            config = _config(variant, split, tile)
+        for entry in configs:
+            config = entry if isinstance(entry, Mapping) else _config(*entry)
+            variant = mm.VARIANTS[mm.variant_of(config)]
             reason = space.violation(config, ctx)
             if reason and not smoke:
-                log(f"  {config.key()}: pruned ({reason})")
-                continue
-            inputs["out"].fill_(float("nan"))
-            KERNEL.launch(config, inputs)
+                log(f"  {config.key()}: pruned ({reason}){', timed' if keep_pruned else ''}")
+                if not keep_pruned:
+                    continue
             checked = "float16" if smoke else dtype
-            check = compare(inputs["out"], ref, KERNEL.tolerance(checked), checked,
-                            output_check_of(KERNEL))
-            if not isinstance(check, float):
-                wrong += 1
-                log(f"  {config.key()}: WRONG ({check})")
+            ok = verified_once(lambda c=config, x=inputs: KERNEL.launch(c, x), inputs["out"],
+                               ref, KERNEL, checked, config.key(), log)
+            if not ok:
+                wrong += ok is False
                 continue
             if variant == "stream_k":  # shared tiles: the same bits on every launch
                 first = inputs["out"].clone()
@@ -175,7 +207,8 @@ def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print)
                 f"({'x'.join(map(str, shape.values()))} float16)")
             continue
         ms = timed_interleaved([lambda x=inputs: KERNEL.baseline(x), *fns], rounds)
-        log(f"{shape_text} {dtype} (target {target}x torch): torch {ms[0]:.4f} ms")
+        goal = f" (target {target}x torch)" if target else ""
+        log(f"{shape_text} {dtype}{goal}: torch {ms[0]:.4f} ms")
         for config, t in sorted(zip(rows, ms[1:], strict=True), key=lambda r: r[1]):
             log(f"  {ms[0] / t:5.3f}x  {t:.4f} ms  {config}")
     return 1 if wrong else 0
@@ -242,11 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="targets whose shape contains this text")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, small shapes")
+    parser.add_argument("--table", action="append", default=[],
+                        help="a replay table whose picks to re-time (repeatable)")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     if args.only == "epilogue":
         return run_epilogue(args.rounds, args.smoke)
+    if args.table:
+        targets = [(shape, dtype, 0.0, picks)
+                   for shape, dtype, picks in map(table_picks, args.table)]
+        return run("", args.rounds, args.smoke, targets=targets, keep_pruned=True)
     return run(args.only, args.rounds, args.smoke)
 
 

@@ -10,13 +10,13 @@ ms / config ms: above 1 the config is faster). A quick look, not the tuner's pro
 Usage (on the GPU machine)::
 
     python3 -m bench.matmul_variants [--only 4096] [--rounds 3]
-    python3 -m bench.matmul_variants --table T.json [--table ...]
+    python3 -m bench.matmul_variants --table T.json [--table ...] [--pipeline]
 
 ``--table`` re-times a recorded replay table's picks on its own problem instead: the table's
 best, each VARIANT's best, and beside each one of another variant its tiled twin (the same tile
 with VARIANT=0, whether or not the table holds it), pruned configs included (their reason is
 logged): a check, in one process, of what a sampled table says about the variants and of the
-constraints that prune its best.
+constraints that prune its best. ``--pipeline`` times them as the product does (``run_pipeline``).
 
 ``--smoke`` runs and verifies every config once on the CPU interpreter, on small shapes with the
 same alignments, in float16 (the interpreter's bf16 dot is wrong), untimed.
@@ -129,6 +129,42 @@ def table_picks(path: str) -> tuple[str, str, list[Any]]:
             picks.append(KernelConfig({**config, "VARIANT": TILED, "SPLIT_K": 1}))
     shape_text = ",".join(f"{k}={v}" for k, v in table.shape.items())
     return shape_text, table.dtype, list(dict.fromkeys(picks))
+
+
+def run_pipeline(targets: list[tuple[str, str, float, list[Any]]], rounds: int,
+                 log: Callable[[str], None] = print, kind: str = "cuda") -> int:
+    """Each target's configs through the product's pipeline, as a search measures them (the
+    compile pool, the measuring child, verification, the host-ahead timer), then re-timed
+    interleaved with torch in that child for ``rounds`` rounds, as the finalists of a search
+    are: GPU time, where ``run``'s do_bench of a Python launch also counts the host's launch
+    cost on problems of a few tens of microseconds."""
+    from search_spaces.matmul import KERNEL
+    from tuner.backends import TimingOptions
+    from tuner.backends.process import ProcessBackend
+
+    for shape_text, dtype, _, configs in targets:
+        backend = ProcessBackend(kind, KERNEL.ref, _shape(shape_text), dtype,
+                                 timing=TimingOptions(quick_rep_ms=0.0))
+        try:
+            first = backend.measure(list(configs))
+            for m in first:
+                if not m.ok:
+                    log(f"  {m.config.key()}: {m.outcome.value} {(m.error or '')[:120]}")
+            ok = [m.config for m in first if m.ok]
+            timed = backend.retime(ok, rounds, baseline=True)
+        finally:
+            backend.close()
+        base = [m for m in timed if m.extra.get("baseline")]
+        if not base or not base[0].p50_ms:
+            log(f"{shape_text} {dtype}: the re-timing failed")
+            return 1
+        torch_ms = base[0].p50_ms
+        log(f"{shape_text} {dtype} (pipeline, {rounds} rounds): torch {torch_ms:.4f} ms")
+        rows = [(m.p50_ms, m.config.key()) for m in timed
+                if m.ok and m.p50_ms and not m.extra.get("baseline")]
+        for t, key in sorted(rows):
+            log(f"  {torch_ms / t:5.3f}x  {t:.4f} ms  {key}")
+    return 0
 
 
 def run(only: str, rounds: int, smoke: bool, log: Callable[[str], None] = print,
@@ -277,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, small shapes")
     parser.add_argument("--table", action="append", default=[],
                         help="a replay table whose picks to re-time (repeatable)")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="with --table: time through the product's pipeline (GPU time) "
+                             "instead of do_bench of Python launches")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -285,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         targets = [(shape, dtype, 0.0, picks)
                    for shape, dtype, picks in map(table_picks, args.table)]
+        if args.pipeline and not args.smoke:
+            return run_pipeline(targets, args.rounds)
         return run("", args.rounds, args.smoke, targets=targets, keep_pruned=True)
     return run(args.only, args.rounds, args.smoke)
 

@@ -56,3 +56,18 @@ def test_the_picks_run_and_verify_on_the_interpreter(tmp_path: Path):
     assert lines[-1] == "M=48,N=64,K=32 float16: 7 configs right on the interpreter " \
                         "(48x48x32 float16)", lines
     assert main(["--smoke", "--table", str(_table(tmp_path))]) == 0
+
+
+def test_the_pipeline_mode_measures_the_picks_as_a_search_does_and_retimes_them_with_torch(
+        tmp_path: Path):
+    import bench.matmul_variants as mv
+
+    shape, dtype, picks = table_picks(str(_table(tmp_path)))
+    lines: list[str] = []
+    assert mv.run_pipeline([(shape, dtype, 0.0, picks)], 1, lines.append, "interpret") == 0
+    assert lines[0].startswith("M=48,N=64,K=32 float16 (pipeline, 1 rounds): torch ")
+    timed = [line.split()[-1] for line in lines[1:]]
+    # every pick ran on the interpreter and was re-timed, fastest first (ratios descending)
+    assert sorted(timed) == sorted(c.key() for c in picks)
+    ratios = [float(line.split()[0].rstrip("x")) for line in lines[1:]]
+    assert ratios == sorted(ratios, reverse=True)

@@ -88,6 +88,10 @@ class TunableKernel(Protocol):
     pointers, divisibility by 16 and ==1 of integers, and constexprs, never on sizes); the
     compile pool builds its inputs with it (see ``compile_shape_for``).
 
+    Optional: ``same_kernel(config, shape, dtype) -> KernelConfig`` names the config that runs
+    the same code as ``config`` on that problem (matmul: SPLIT_K outside split_k); the table
+    recorder (``bench/record_tables.py``) measures each such kernel once.
+
     Optional: ``baseline(inputs)`` does the same work with the vendor's library (torch) on the
     same inputs, in their dtype (matmul: ``torch.matmul``); re-timing times it interleaved
     with the finalists in the same process (``SearchResult.baseline``), a like-for-like

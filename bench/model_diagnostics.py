@@ -27,8 +27,6 @@ H200 = {"smem": 232448, "sms": 132, "capability": 90}
 
 def trace(db: str, task: int, shape: dict[str, int], dtype: str, band: float = 0.02,
           log: Callable[[str], None] = print) -> None:
-    import numpy as np
-
     from search_spaces import get_kernel
     from tuner.config import KernelConfig
     from tuner.measurement import Measurement, Outcome
@@ -48,15 +46,13 @@ def trace(db: str, task: int, shape: dict[str, int], dtype: str, band: float = 0
         model.tell(config, Measurement(config, Outcome.OK, p20_ms=ms, p50_ms=ms, p80_ms=ms)
                    if ms else Measurement.failure(config, Outcome.COMPILE_ERROR, "failed"))
         best = min(best, ms or math.inf)
+        chance, i = model.most_promising(best, band)
+        if i is None:
+            log(f"{number:3d} {best:.4f} {chance:.3f} nothing untried")
+            continue
         pred, support = model._predict()
-        spread = model.prediction_sigma() * np.sqrt(
-            model.prior_weight / (model.prior_weight + support))
-        z = np.where(model._free(), (math.log(best) + math.log1p(-band) - pred) / spread,
-                     -np.inf)
-        i = int(np.argmax(z))
-        log(f"{number:3d} {best:.4f} {model.improvement_chance(best, band):.3f} "
-            f"{model.prediction_sigma():.3f} {model.configs[i].key()} "
-            f"({math.exp(pred[i]):.4f}, {support[i]:.2f})")
+        log(f"{number:3d} {best:.4f} {chance:.3f} {model.prediction_sigma():.3f} "
+            f"{model.configs[i].key()} ({math.exp(pred[i]):.4f}, {support[i]:.2f})")
 
 
 def prior_fit(paths: Sequence[str], log: Callable[[str], None] = print) -> None:

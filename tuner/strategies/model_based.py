@@ -215,15 +215,21 @@ class ModelStrategy(Strategy):
         """The chance, as the model sees it, that the most promising untried config beats
         ``best_ms`` by more than ``band``: a normal around its predicted log-time with the
         model's measured prediction error (``prediction_sigma``). 0.0 when nothing is left."""
+        return self.most_promising(best_ms, band)[0]
+
+    def most_promising(self, best_ms: float, band: float) -> tuple[float, int | None]:
+        """``improvement_chance`` and the index (into ``configs``) of the untried config it
+        rests on; (0.0, None) when nothing is left."""
         free = self._free()
         if not free.any() or best_ms <= 0:
-            return 0.0
+            return 0.0, None
         pred, support = self._predict()
         target = math.log(best_ms) + math.log1p(-band)
         spread = self.prediction_sigma() * np.sqrt(
-            self.prior_weight / (self.prior_weight + support[free]))
-        z = float(((target - pred[free]) / spread).max())
-        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+            self.prior_weight / (self.prior_weight + support))
+        z = np.where(free, (target - pred) / spread, -np.inf)
+        i = int(np.argmax(z))
+        return 0.5 * (1.0 + math.erf(float(z[i]) / math.sqrt(2.0))), i
 
 
 class ModelTPEStrategy(TPEStrategy):

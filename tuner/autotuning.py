@@ -7,7 +7,8 @@
 
 It takes what ``triton.autotune`` takes plus the kernel's name (the name it is registered and
 tuned under in the service). On the first launch for a key (the key arguments are the problem's
-shape; the first tensor's dtype its dtype) it uses, in order:
+shape, values of any type; or ``problem(args)``; the first tensor's dtype, or ``dtype_arg``'s,
+its dtype) it uses, in order:
 
 1. an exported configs file (``TUNER_CONFIGS_FILE``/``configure(configs_file=...)``),
 2. the service (``TUNER_URL``): one bulk request, prefetchable at start-up with ``prefetch``,
@@ -33,9 +34,10 @@ from typing import Any
 
 from tuner.client import TunerClient
 from tuner.config import KernelConfig
+from tuner.launching import Hooks, Problem, ProblemFn, launch_kwargs, unwrap
 from tuner.settings import ClientSettings
 from tuner.shapes import shape_key
-from tuner.user_kernel import arg_names, config_from_triton, jit_function, source_hash
+from tuner.user_kernel import arg_names, config_from_triton, source_hash
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 _forced: contextvars.ContextVar[KernelConfig | None] = contextvars.ContextVar(
     "tuner_forced_config", default=None)
 
-Problem = tuple[str, tuple[tuple[str, int], ...]]  # (dtype, sorted shape items)
+ProblemKey = tuple[str, tuple[tuple[str, int], ...]]  # (dtype, sorted shape items)
 
 
 @dataclass
@@ -112,11 +114,6 @@ def forced_config(config: KernelConfig) -> Iterator[None]:
         _forced.reset(token)
 
 
-def _dtype_name(value: Any) -> str | None:
-    dtype = getattr(value, "dtype", None)
-    return str(dtype).removeprefix("torch.") if dtype is not None else None
-
-
 class Autotuned:
     """A Triton kernel launched with configs from a file, the service, or Triton's autotuning.
 
@@ -124,37 +121,44 @@ class Autotuned:
     """
 
     def __init__(self, fn: Any, configs: Sequence[Any], key: Sequence[str], name: str,
-                 triton_options: dict[str, Any]) -> None:
+                 triton_options: dict[str, Any], problem: ProblemFn | None = None,
+                 dtype_arg: str | None = None) -> None:
         self.fn = fn
         self.name = name
         self.configs = list(configs)
         self.key = list(key)
         self.arg_names = arg_names(fn)
-        unknown = [k for k in self.key if k not in self.arg_names]
+        unknown = [k for k in [*self.key, *([dtype_arg] if dtype_arg else [])]
+                   if k not in self.arg_names]
         if unknown:
-            raise ValueError(f"tuner.autotune({name!r}): key {unknown} are not arguments of "
+            raise ValueError(f"tuner.autotune({name!r}): {unknown} are not arguments of "
                              f"the kernel ({', '.join(self.arg_names)})")
+        #: how a launch's arguments name its problem (shared with ``tuner.Kernel``)
+        self.problem_spec = Problem(tuple(self.key), tuple(self.arg_names), problem, dtype_arg)
+        #: each listed config's pre_hook (a served config outside the list gets the shared one)
+        self.hooks = Hooks.of(None, self.configs)
         self.version = source_hash(fn, name)
         self._triton_options = triton_options
         self._triton: Any = None
-        self._chosen: dict[Problem, KernelConfig | None] = {}
+        self._chosen: dict[ProblemKey, KernelConfig | None] = {}
         #: where each problem's config came from: "file", "service" or "triton"
-        self.sources: dict[Problem, str] = {}
+        self.sources: dict[ProblemKey, str] = {}
         self._lock = threading.Lock()
 
     # -- what a launch is ------------------------------------------------------------------------
 
-    def problem(self, named: Mapping[str, Any]) -> Problem | None:
-        """(dtype, shape) of a launch; None when a key argument is not an integer (such
-        launches are Triton's to autotune)."""
-        shape = {}
-        for k in self.key:
-            value = named.get(k)
-            if isinstance(value, bool) or not isinstance(value, int):
-                return None
-            shape[k] = value
-        dtype = next((d for v in named.values() if (d := _dtype_name(v))), None)
-        return (dtype or "none", tuple(sorted(shape.items())))
+    def problem(self, named: Mapping[str, Any]) -> ProblemKey | None:
+        """(dtype, shape) of a launch: the key's values (of any type, as integers:
+        ``tuner.shapes.key_value``) or the kernel's ``problem(args)``, and the dtype of
+        ``dtype_arg`` (else the first tensor's). None when ``problem`` fails on these
+        arguments (such launches are Triton's to autotune)."""
+        try:
+            shape = self.problem_spec.shape(named)
+        except Exception as exc:  # noqa: BLE001 - a launch never fails for the lookup
+            log.warning("%s: problem(args) failed (%s); Triton's autotuning decides",
+                        self.name, exc)
+            return None
+        return (self.problem_spec.dtype(named), tuple(sorted(shape.items())))
 
     # -- choosing ---------------------------------------------------------------------------
 
@@ -163,7 +167,7 @@ class Autotuned:
         many it answered. Later launches of these shapes need no request."""
         return shared_client().prefetch(self.name, shapes, dtype, kernel_version=self.version)
 
-    def config_for(self, problem: Problem) -> KernelConfig | None:
+    def config_for(self, problem: ProblemKey) -> KernelConfig | None:
         """The tuned config for ``problem`` from the file or the service (None: Triton's own
         autotuning decides). Looked up once per problem."""
         with self._lock:
@@ -199,8 +203,11 @@ class Autotuned:
             config = self.config_for(problem) if problem is not None else None
         if config is None:
             return self._triton_autotuner().run(*args, grid=grid, warmup=warmup, **kwargs)
-        return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **config.meta,
-                           num_warps=config.num_warps, num_stages=config.num_stages)
+        hook = self.hooks.pre_hook(config)
+        if hook is not None:  # as Triton calls a config's pre_hook before its launch
+            hook({**dict(zip(self.arg_names, args, strict=False)), **kwargs,
+                  **launch_kwargs(config)})
+        return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **launch_kwargs(config))
 
     def __getitem__(self, grid: Any) -> Any:
         return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
@@ -213,16 +220,19 @@ class Autotuned:
 
 
 def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str,
+             problem: ProblemFn | None = None, dtype_arg: str | None = None,
              **triton_options: Any) -> Any:
-    """``@triton.autotune`` plus the kernel's name: see the module docstring. Every other
-    keyword (``prune_configs_by``, ``reset_to_zero``, ``restore_value``, ``do_bench``, ...) is
-    passed to Triton's autotuner, which decides when neither the file nor the service has an
-    exact config."""
+    """``@triton.autotune`` plus the kernel's name: see the module docstring. ``problem``:
+    ``args -> {dimension: value}`` where the problem has dimensions beyond the key (batch,
+    heads, causality); ``dtype_arg``: the argument whose dtype is the problem's (default: the
+    first tensor). Every other keyword (``prune_configs_by``, ``reset_to_zero``,
+    ``restore_value``, ``do_bench``, ...) is passed to Triton's autotuner, which decides when
+    neither the file nor the service has an exact config."""
 
     def decorator(fn: Any) -> Autotuned:
-        jit_function(fn)  # fail now, not at the first launch, if this is not a Triton kernel
+        unwrap(fn)  # fail now, not at the first launch, if this is not a Triton kernel
         for config in configs:
             config_from_triton(config)
-        return Autotuned(fn, configs, key, name, triton_options)
+        return Autotuned(fn, configs, key, name, triton_options, problem, dtype_arg)
 
     return decorator

@@ -10,6 +10,9 @@ TunerError
  +-- ConfigsFileError        an exported configs file that is missing, does not parse, is not
                              tuner-configs-v1, has a malformed entry or cannot be written
  +-- BackendUnavailable      the asked-for backend cannot run here (e.g. cuda without a GPU)
+ +-- WrongOutput             a kernel's outputs cannot be trusted (a reference that is NaN
+                             where the inputs are finite, a user's configs that disagree):
+                             the measured config is recorded as wrong_result
  +-- WorkerDied              the measuring child process died and could not be restarted
 """
 
@@ -57,6 +60,13 @@ class ConfigsFileError(TunerError):
 
 class BackendUnavailable(TunerError):
     pass
+
+
+class WrongOutput(TunerError):
+    """Outputs that cannot be trusted, found while building what they are checked against."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self),))
 
 
 class WorkerDied(TunerError):

@@ -72,14 +72,29 @@ def output_check_of(kernel: Any) -> OutputCheck:
 class TunableKernel(Protocol):
     """One kernel family.
 
-    ``make_inputs`` returns a dict of random inputs (never zeros) plus the output buffer under
-    ``"out"`` (several outputs: their keys listed under ``"_outputs"``). ``launch`` writes the
-    outputs; ``reference`` returns the expected output (a tuple for several) computed another
-    way, compared at ``tolerance(dtype)``. ``compile`` builds the binary without launching (the
-    compile-ahead pool calls it in processes that never time anything). ``prior`` is an
-    estimated log run time, used only to rank configs before measuring them; None when the
-    kernel has no model. ``flops`` and ``bytes`` feed the roofline (0.0 when unknown).
-    ``ref`` is the ``module:attribute`` a measuring child process imports to get this object.
+    Required (``PROTOCOL_MEMBERS``): ``name``, ``ref``, ``dims``, ``dtypes``, ``version``,
+    ``space``, ``default_config``, ``make_inputs``, ``launch``, ``reference``, ``tolerance``,
+    ``flops``, ``bytes``. ``make_inputs`` returns a dict of random inputs (never zeros) plus the
+    output buffer under ``"out"`` (several outputs: their keys listed under ``"_outputs"``).
+    ``launch`` writes the outputs; ``reference`` returns the expected output (a tuple for
+    several) computed another way, compared at ``tolerance(dtype)``. ``flops`` and ``bytes``
+    feed the roofline (0.0 when unknown). ``ref`` is the ``module:attribute`` a measuring child
+    process imports to get this object (the registry sets it).
+
+    Optional with defaults (``OPTIONAL_MEMBERS``; ``with_defaults`` fills them in, so a plugin
+    written against the required members alone loads and runs): ``description``;
+    ``interpreter_unsupported_dtypes``; ``known_good_configs`` (tried first); ``compile``
+    builds the binary without launching (the compile-ahead pool calls it in processes that
+    never time anything; without it the GPU child compiles on the first launch); ``prior`` is
+    an estimated log run time, used only to rank configs before measuring them (None: no model).
+
+    Optional: ``listed_configs(shape, dtype)``: the user's own config list (``tuner.Kernel``):
+    a search measures every one of them before it extends around them, and re-times their best
+    beside its finalists, so what it serves is never slower than the list's best.
+
+    Optional: ``verification`` (str): how outputs are checked, ``"reference"`` (the default) or
+    ``"unverified: no reference"`` (configs checked against each other and for NaN/Inf only);
+    the API and the dashboard show it.
 
     Optional: ``output_check`` (an ``OutputCheck``): row-wise comparison, declared invariants.
 
@@ -134,11 +149,56 @@ class TunableKernel(Protocol):
     def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None: ...
 
 
-#: what a TunableKernel must have (attributes and methods), for plugin checks
-PROTOCOL_MEMBERS = ("name", "ref", "description", "dims", "dtypes",
-                    "interpreter_unsupported_dtypes", "version", "space", "default_config",
-                    "known_good_configs", "make_inputs", "launch", "compile", "reference",
-                    "tolerance", "flops", "bytes", "prior")
+#: what a TunableKernel must have (attributes and methods), for plugin checks: the protocol
+#: as DESIGN.md documents it. A plugin written against it loads, whatever was added later.
+PROTOCOL_MEMBERS = ("name", "ref", "dims", "dtypes", "version", "space", "default_config",
+                    "make_inputs", "launch", "reference", "tolerance", "flops", "bytes")
+
+#: the optional members and what a kernel without them gets (``with_defaults``): no
+#: description, every dtype checkable on the interpreter, no known-good configs beyond the
+#: default, no compile-ahead (the GPU child compiles on the first launch), no prior
+OPTIONAL_MEMBERS: dict[str, Any] = {
+    "description": "",
+    "interpreter_unsupported_dtypes": (),
+    "known_good_configs": lambda shape, dtype: [],
+    "compile": None,
+    "prior": lambda config, ctx: None,
+}
+
+
+class _WithDefaults:
+    """A kernel that lacks optional members, with their defaults (``OPTIONAL_MEMBERS``);
+    everything else is the kernel's own."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.__dict__["_kernel"] = kernel
+
+    def __getattr__(self, name: str) -> Any:
+        kernel = self.__dict__["_kernel"]
+        if hasattr(kernel, name) or name not in OPTIONAL_MEMBERS:
+            return getattr(kernel, name)
+        return OPTIONAL_MEMBERS[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_kernel"], name, value)
+
+    def __repr__(self) -> str:
+        return repr(self.__dict__["_kernel"])
+
+
+_completed: dict[int, tuple[Any, _WithDefaults]] = {}
+
+
+def with_defaults(kernel: Any) -> Any:
+    """``kernel`` itself when it has every optional member, else one wrapper per kernel object
+    (the same object on every call: the registry's and a child's lookups agree) that gives the
+    missing ones their defaults. Engine code reads optional members as attributes."""
+    if all(hasattr(kernel, m) for m in OPTIONAL_MEMBERS):
+        return kernel
+    known = _completed.get(id(kernel))
+    if known is None or known[0] is not kernel:
+        known = _completed[id(kernel)] = (kernel, _WithDefaults(kernel))
+    return known[1]
 
 
 #: without a ``compile_shape``, the compile pool builds full-size inputs only up to this size
@@ -158,6 +218,20 @@ def compile_shape_for(kernel: Any, shape: Mapping[str, int], dtype: str) -> dict
     return dict(shape) if 0 < size <= MAX_FULL_COMPILE_BYTES else None
 
 
+def compile_inputs_for(kernel: Any, shape: Mapping[str, int], dtype: str,
+                       device: str) -> dict[str, Any] | None:
+    """The inputs the compile pool compiles ``kernel`` with on this problem: the kernel's
+    ``compile_inputs(shape, dtype, device)`` (``tuner.Kernel``: tiny stand-ins of the
+    problem's tensors, whatever size it declares), else those of ``compile_shape_for``'s shape;
+    None: no compiling ahead (the GPU child compiles each config itself). Never full-size
+    inputs of a large problem in every pool process."""
+    hook = getattr(kernel, "compile_inputs", None)
+    if callable(hook):
+        return dict(hook(shape, dtype, device))
+    small = compile_shape_for(kernel, shape, dtype)
+    return kernel.make_inputs(small, dtype, device, 0) if small is not None else None
+
+
 def shrunk_dim(d: int, modulus: int = 256) -> int:
     """A size that specialises like ``d`` but is under ``2 * modulus``: the same residue mod
     ``modulus`` (a multiple of 16: the same divisibility by 16; 256 also keeps ``d % BLOCK``
@@ -166,7 +240,8 @@ def shrunk_dim(d: int, modulus: int = 256) -> int:
 
 
 def missing_members(obj: object) -> list[str]:
-    """The protocol members ``obj`` lacks (``ref`` may be missing: the registry sets it)."""
+    """The required protocol members ``obj`` lacks (``ref`` may be missing: the registry sets
+    it; the optional ones have defaults, ``OPTIONAL_MEMBERS``)."""
     return [m for m in PROTOCOL_MEMBERS if m != "ref" and not hasattr(obj, m)]
 
 
@@ -181,4 +256,4 @@ def source_version(*modules: ModuleType) -> str:
 def load_ref(ref: str) -> Any:
     """Import ``"package.module:ATTR"``: how child processes find the kernel they measure."""
     module_name, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module_name), attr or "KERNEL")
+    return with_defaults(getattr(importlib.import_module(module_name), attr or "KERNEL"))

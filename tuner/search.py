@@ -60,6 +60,11 @@ class SearchOptions:
     batch_size: int | None = None
     #: tried first, in order (stored bests of nearby shapes, then the kernel's known-good configs)
     warm_start: Sequence[KernelConfig] = ()
+    #: the user's own config list (``listed_configs``): every one is measured (unless
+    #: pruned) before the search extends around them, whatever ``trials`` says (the budget
+    #: grows to hold them and no early stop fires before), and their best is re-timed beside
+    #: the finalists, so the best found is never slower than the list's (beyond the noise)
+    listed: Sequence[KernelConfig] = ()
     #: trials already measured (a resumed task); they count against the budget
     resume: Sequence[Measurement] = ()
     finalists: int = 3
@@ -147,7 +152,12 @@ class SearchLoop:
         self.tried: dict[KernelConfig, Measurement] = {}
         self.trials: list[Measurement] = []
         self.pruned = 0
-        self._warm = [c for c in options.warm_start if self.space.contains(c)]
+        self._warm = [c for c in dict.fromkeys([*options.warm_start, *options.listed])
+                      if self.space.contains(c)]
+        self._listed = [c for c in dict.fromkeys(options.listed)
+                        if self.space.contains(c) and self.space.violation(c, self.ctx) is None]
+        #: the trial budget: ``trials``, or more where the user's list needs more
+        self.cap = max(options.trials, len(self._listed))
         self._feasible: list[KernelConfig] | None = None
         self._exhausted = False
         self._best_at = 0
@@ -231,12 +241,14 @@ class SearchLoop:
 
     def _stop_reason(self, started: float) -> str | None:
         o = self.options
-        if len(self.trials) >= o.trials:
+        if len(self.trials) >= self.cap:
             return "budget"
         if o.time_budget_s is not None and time.monotonic() - started >= o.time_budget_s:
             return "time"
         if self.should_stop is not None and self.should_stop():
             return "cancelled"
+        if not self._listed_done():
+            return None if self.backend.healthy else "device unhealthy"
         if o.patience and self.best() and len(self.trials) - self._best_at >= o.patience:
             return "converged"
         if self._expects_no_gain():
@@ -248,6 +260,10 @@ class SearchLoop:
         if not self.backend.healthy:
             return "device unhealthy"
         return None
+
+    def _listed_done(self) -> bool:
+        """Whether every config of the user's list was measured."""
+        return all(c in self.tried for c in self._listed)
 
     def improvement_chance(self) -> float | None:
         """The strategy's chance that an untried config beats the best by ``stop_band``
@@ -324,7 +340,7 @@ class SearchLoop:
     def _search(self, started: float) -> str:
         reason = self._stop_reason(started)
         while reason is None:
-            room = min(self._batch_size(), self.options.trials - len(self.trials))
+            room = min(self._batch_size(), self.cap - len(self.trials))
             batch = self._next_batch(room)
             if not batch:
                 return "space exhausted"
@@ -360,8 +376,16 @@ class SearchLoop:
         return preferred if self.strategy.systematic else max(1, min(4, preferred))
 
     def _fastest_verified(self) -> list[Measurement]:
+        """The ``finalists`` fastest verified trials, and the user's list's fastest (re-timed
+        beside them even when its trial was slower: the best found must beat it side by
+        side, not across trials)."""
         ok = sorted((m for m in self.trials if m.ok), key=lambda m: m.p50_ms or 0.0)
-        return ok[: self.options.finalists]
+        top = ok[: self.options.finalists]
+        listed = set(self._listed)
+        best_listed = next((m for m in ok if m.config in listed), None)
+        if best_listed is not None and best_listed not in top:
+            top.append(best_listed)
+        return top
 
     def _incumbent_first(self) -> Measurement | None:
         """The incumbent's measurement in this search: its trial, else one taken now (which

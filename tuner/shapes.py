@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,6 +59,23 @@ def validate_shape(dims: Sequence[Dim], shape: Mapping[str, Any]) -> dict[str, i
                                f"{d.lo} and {hi}", field=f"shape.{d.name}")
         out[d.name] = value
     return out
+
+
+#: the range of a non-integer key value's number (``key_value``)
+KEY_HASH_RANGE = 1 << 30
+
+
+def key_value(value: Any) -> int:
+    """A launch's key argument as a problem dimension. Triton keys on any value; problems are
+    integers: an int is itself, a bool 0 or 1, anything else (a string, a float, a dtype,
+    None) a stable number in [0, 2**30) from its ``repr``, the same in every process (the
+    tuning side's ``make_inputs`` and the serving side's launch agree on it)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    digest = hashlib.sha256(repr(value).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % KEY_HASH_RANGE
 
 
 def shape_key(shape: Mapping[str, int]) -> str:

@@ -22,14 +22,24 @@ and ``grid`` is called like Triton's: with the arguments and the config's meta-p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.config import KernelConfig
-from tuner.errors import InvalidRequest
-from tuner.kernel import DEFAULT_TOLERANCES, Dim, OutputCheck, Tolerance
+from tuner.errors import InvalidConfig, InvalidRequest, WrongOutput
+from tuner.kernel import DEFAULT_TOLERANCES, MAX_FULL_COMPILE_BYTES, Dim, OutputCheck, Tolerance
+from tuner.launching import (
+    Hooks,
+    Problem,
+    ProblemFn,
+    autotune_keys,
+    dtype_name,
+    launch_kwargs,
+    unwrap,
+)
 from tuner.space import Constraint, Param, ProblemContext, SearchSpace
 
 ALL_DTYPES = ("float16", "bfloat16", "float32")
@@ -73,12 +83,17 @@ def arg_names(fn: Any) -> list[str]:
 
 
 def config_from_triton(config: Any) -> KernelConfig:
-    """A ``triton.Config`` (or a flat mapping) as a KernelConfig."""
+    """A ``triton.Config`` (or a flat mapping) as a KernelConfig (``num_ctas`` and
+    ``maxnreg`` kept where they are not Triton's defaults)."""
     if isinstance(config, Mapping):
         return KernelConfig(dict(config))
     values = dict(config.kwargs)
     values["num_warps"] = int(config.num_warps)
     values["num_stages"] = int(config.num_stages)
+    if int(getattr(config, "num_ctas", 1) or 1) != 1:
+        values["num_ctas"] = int(config.num_ctas)
+    if getattr(config, "maxnreg", None) is not None:
+        values["maxnreg"] = int(config.maxnreg)
     return KernelConfig(values)
 
 
@@ -129,8 +144,8 @@ def space_from_ranges(ranges: Mapping[str, Iterable[int]],
 
 
 def _dims(dims: Mapping[str, Any] | Sequence[Dim] | None, key: Sequence[str]) -> tuple[Dim, ...]:
-    if dims is None:
-        return tuple(Dim(k, 1, DEFAULT_DIM_MAX) for k in key)
+    if dims is None:  # key values may be 0 (a bool flag that is off)
+        return tuple(Dim(k, 0, DEFAULT_DIM_MAX) for k in key)
     if isinstance(dims, Mapping):
         out = []
         for name, bounds in dims.items():
@@ -140,6 +155,28 @@ def _dims(dims: Mapping[str, Any] | Sequence[Dim] | None, key: Sequence[str]) ->
     return tuple(dims)
 
 
+#: what a kernel without a reference is checked by (the API and the dashboard show it)
+UNVERIFIED = "unverified: no reference"
+
+Prepare = Callable[[KernelConfig, Mapping[str, Any]], Mapping[str, Any]]
+
+
+def _standin(value: Any, device: str) -> Any:
+    """A tiny tensor that compiles like ``value``: same dtype, same 16-byte alignment of its
+    address (Triton specialises pointers on dtype and alignment, never on size); a tensor
+    descriptor with such a base. Anything else is itself."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        size = value.element_size()
+        offset = (value.data_ptr() % 16) // size
+        return torch.empty(offset + 16, dtype=value.dtype, device=device)[offset:]
+    base = getattr(value, "base", None)
+    if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, base=_standin(base, device))  # type: ignore[type-var]
+    return value
+
+
 class Kernel:
     """A TunableKernel built from a user's Triton kernel (see the module docstring)."""
 
@@ -147,50 +184,66 @@ class Kernel:
                  name: str | None = None, configs: Sequence[Any] | None = None,
                  key: Sequence[str] | None = None,
                  dims: Mapping[str, Any] | Sequence[Dim] | None = None,
+                 problem: ProblemFn | None = None, dtype_arg: str | None = None,
                  space: SearchSpace | Mapping[str, Iterable[int]] | None = None,
                  constraints: Sequence[Constraint] = (),
                  reference: Callable[[dict[str, Any]], Any] | None = None,
+                 prepare: Prepare | None = None,
                  outputs: Sequence[str] | None = None, dtypes: Sequence[str] = ALL_DTYPES,
                  tolerance: Mapping[str, Tolerance] | None = None,
                  output_check: OutputCheck | None = None,
+                 reset_to_zero: Sequence[str] | None = None,
+                 restore_value: Sequence[str] | None = None,
                  flops: Callable[[Mapping[str, int]], float] | None = None,
                  bytes: Callable[[Mapping[str, int], str], float] | None = None,
                  prior: Callable[[KernelConfig, ProblemContext], float | None] | None = None,
                  description: str = "",
                  interpreter_unsupported_dtypes: Sequence[str] = ()) -> None:
-        self.fn = fn
-        self.jit = jit_function(fn)
-        self.name = name or getattr(fn, "name", None) or python_function(fn).__name__
+        parts = unwrap(fn)
+        self.fn, self.jit, self._runner = fn, parts.jit, parts.runner
+        self.name = name or getattr(fn, "name", None) or parts.python.__name__
         self.ref = ""  # set by the registry from the reference it loaded
-        self.description = description or (inspect.getdoc(python_function(fn)) or "").split(
-            "\n")[0]
-        key = list(key if key is not None else getattr(fn, "key", []))
+        self.description = description or (inspect.getdoc(parts.python) or "").split("\n")[0]
+        self._args = arg_names(fn)
+        served = getattr(fn, "problem_spec", None)  # a tuner.autotune kernel's own
+        key = list(key if key is not None else autotune_keys(parts.autotuner))
+        self.problem_spec = Problem(
+            tuple(key), tuple(self._args),
+            problem if problem is not None else getattr(served, "problem", None),
+            dtype_arg if dtype_arg is not None else getattr(served, "dtype_arg", None))
         self.dims = _dims(dims, key)
         if not self.dims:
             raise InvalidRequest(f"kernel {self.name}: give its problem dimensions (dims=...) "
                                  "or an autotune key", field="dims")
         self.dtypes = tuple(dtypes)
         self.interpreter_unsupported_dtypes = tuple(interpreter_unsupported_dtypes)
-        user_configs = configs if configs is not None else getattr(fn, "configs", None) or []
+        user_configs = list(configs if configs is not None
+                            else getattr(parts.autotuner, "configs", None) or [])
         self.configs = [config_from_triton(c) for c in user_configs]
-        if isinstance(space, SearchSpace):
-            self._space = space
-        elif space is not None:
-            self._space = space_from_ranges(space, constraints)
-        elif self.configs:
-            self._space = space_from_configs(self.configs, constraints)
-        else:
-            raise InvalidRequest(f"kernel {self.name}: give configs=[triton.Config(...)] or "
-                                 "space={'BLOCK': [...], 'num_warps': [...], ...}",
-                                 field="space")
+        self.hooks = Hooks.of(parts.autotuner, user_configs, reset_to_zero, restore_value)
+        self._prune = _early_prune(parts.autotuner)
+        self._space = self._make_space(space, constraints)
         self._grid, self._make_inputs, self._reference = grid, make_inputs, reference
-        self._args = arg_names(fn)
+        self._prepare = prepare
         #: None: the tensor arguments whose name contains "out", found in make_inputs
         self._outputs: list[str] | None = list(outputs) if outputs is not None else None
         self._tolerance = {**DEFAULT_TOLERANCES, **(tolerance or {})}
         self.output_check = output_check or OutputCheck()
+        self.verification = "reference" if reference is not None else UNVERIFIED
         self._flops, self._bytes, self._prior = flops, bytes, prior
         self._version = source_hash(fn, self.name)
+        self._cross_checked: set[tuple[tuple[tuple[str, int], ...], str]] = set()
+
+    def _make_space(self, space: SearchSpace | Mapping[str, Iterable[int]] | None,
+                    constraints: Sequence[Constraint]) -> SearchSpace:
+        if isinstance(space, SearchSpace):
+            return space
+        if space is not None:
+            return space_from_ranges(space, constraints)
+        if self.configs:
+            return space_from_configs(self.configs, constraints)
+        raise InvalidRequest(f"kernel {self.name}: give configs=[triton.Config(...)] or "
+                             "space={'BLOCK': [...], 'num_warps': [...], ...}", field="space")
 
     # -- identity and space --------------------------------------------------------------------
 
@@ -203,6 +256,11 @@ class Kernel:
 
     def known_good_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
         """The user's own configs (in their order): tried first, as a warm start."""
+        return self.listed_configs(shape, dtype)
+
+    def listed_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]:
+        """The user's config list, every one of which a search measures (pruned ones aside)
+        before extending around it."""
         return [c for c in self.configs if self._space.contains(c)]
 
     def default_config(self, shape: Mapping[str, int], dtype: str) -> KernelConfig:
@@ -214,6 +272,12 @@ class Kernel:
             if self._space.violation(config, ctx) is None:
                 return config
         return next(iter(self._space))
+
+    def problem_of(self, args: Mapping[str, Any]) -> tuple[dict[str, int], str]:
+        """The problem (shape, dtype) a launch with these arguments is: what ``tuner.autotune``
+        looks up. ``make_inputs(shape, dtype, ...)`` must give arguments whose problem is
+        ``(shape, dtype)`` (``tuner.testing`` checks it)."""
+        return self.problem_spec.shape(args), self.problem_spec.dtype(args)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -232,36 +296,98 @@ class Kernel:
             raise InvalidRequest(f"kernel {self.name}: make_inputs returned no {unknown}",
                                  field="outputs")
         args["_outputs"] = tuple(self._outputs)
+        if self.hooks.restore_value:  # the kernel writes them: every launch starts from these
+            args["_pristine"] = {n: args[n].clone() for n in self.hooks.restore_value}
         if "out" not in self._args:
             args["out"] = args[self._outputs[0]]
         return args
+
+    def compile_inputs(self, shape: Mapping[str, int], dtype: str,
+                       device: str) -> dict[str, Any]:
+        """Inputs the compile-ahead pool compiles with: the problem's own when they are small,
+        else tiny stand-ins that compile the same binary (``_standin``), made from the
+        problem's inputs on the CPU, whatever ``bytes`` declares."""
+        if 0 < self.bytes(shape, dtype) <= MAX_FULL_COMPILE_BYTES:
+            return self.make_inputs(shape, dtype, device, 0)
+        inputs = self.make_inputs(shape, dtype, "cpu", 0)
+        return {k: _standin(v, device) if k in self._args else v for k, v in inputs.items()}
 
     def kernel_args(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs that are kernel parameters (without ``out``/``_outputs`` bookkeeping)."""
         return {k: v for k, v in inputs.items() if k in self._args}
 
+    def _launch_args(self, config: KernelConfig, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The kernel's arguments for ``config``: the inputs, plus what ``prepare`` derives
+        from the config (made once per config and inputs)."""
+        args = self.kernel_args(inputs)
+        if self._prepare is None:
+            return args
+        prepared = inputs.setdefault("_prepared", {})
+        if config not in prepared:
+            prepared[config] = dict(self._prepare(config, inputs))
+        return {**args, **self.kernel_args(prepared[config])}
+
+    def _check_pruned(self, config: KernelConfig, args: dict[str, Any]) -> None:
+        if self._prune is not None and not self._prune(config, args):
+            raise InvalidConfig(f"kernel {self.name}: the kernel's prune_configs_by rejects "
+                                f"{config.key()} for these arguments", field="config")
+
     def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
-        self.jit[self._grid](**self.kernel_args(inputs), **config.meta,
-                             num_warps=config.num_warps, num_stages=config.num_stages)
+        args = self._launch_args(config, inputs)
+        self._check_pruned(config, args)
+        self.hooks.before(config, args, inputs.get("_pristine"))
+        self._runner.run(grid=self._grid, warmup=False, **args, **launch_kwargs(config))
 
     def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
-        self.jit.warmup(**self.kernel_args(inputs), **config.meta, num_warps=config.num_warps,
-                        num_stages=config.num_stages, grid=self._grid)
+        args = self._launch_args(config, inputs)
+        self._check_pruned(config, args)
+        hook = self.hooks.pre_hook(config)
+        if hook is not None:  # a pre_hook may set what compiles (descriptors' block shapes)
+            hook({**args, **launch_kwargs(config)})
+        self._runner.run(grid=self._grid, warmup=True, **args, **launch_kwargs(config))
 
     def reference(self, inputs: dict[str, Any]) -> Any:
-        """The user's reference, else the outputs of the user's first config."""
+        """The user's reference, given every value ``make_inputs`` returned; else the outputs
+        of the user's first config, refused where they are NaN/Inf from finite inputs or where
+        the list's second config disagrees with them (``verification`` says so)."""
         if self._reference is not None:
-            return self._reference(self.kernel_args(inputs))
+            return self._reference({k: v for k, v in inputs.items() if not k.startswith("_")})
         if not self.configs:
             raise InvalidRequest(f"kernel {self.name}: without configs, give a reference",
                                  field="reference")
+        outs = self._outputs_of(self.configs[0], inputs)
+        _check_finite(self.name, self.configs[0], outs, inputs)
+        self._cross_check(inputs, outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def _outputs_of(self, config: KernelConfig, inputs: dict[str, Any]) -> tuple[Any, ...]:
         fresh = dict(inputs)
         names = inputs["_outputs"]
         for name in names:
-            fresh[name] = inputs[name].clone()
-        self.launch(self.configs[0], fresh)
-        outs = tuple(fresh[name] for name in names)
-        return outs[0] if len(outs) == 1 else outs
+            fresh[name] = inputs[name].clone().fill_(float("nan"))
+        self.launch(config, fresh)
+        return tuple(fresh[name] for name in names)
+
+    def _cross_check(self, inputs: dict[str, Any], outs: tuple[Any, ...]) -> None:
+        """Once per problem in a process: the list's second config must agree with its first
+        (a wrong kernel whose every config is wrong alike still passes; a reference does not)."""
+        from tuner.verification import compare
+
+        if len(self.configs) < 2:
+            return
+        dtype = next((d for v in inputs.values() if (d := dtype_name(v))), "float32")
+        problem = (tuple(sorted(self.problem_of(inputs)[0].items())), dtype)
+        if problem in self._cross_checked:
+            return
+        second = self._outputs_of(self.configs[1], inputs)
+        for name, a, b in zip(inputs["_outputs"], outs, second, strict=True):
+            wrong = compare(b.float(), a.float(), self.tolerance(dtype), dtype,
+                            self.output_check, f"output {name}: ")
+            if isinstance(wrong, str):
+                raise WrongOutput(f"kernel {self.name} has no reference and its configs "
+                                  f"{self.configs[0].key()} and {self.configs[1].key()} "
+                                  f"disagree ({wrong}); give it a reference")
+        self._cross_checked.add(problem)
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self._tolerance.get(dtype, DEFAULT_TOLERANCES["float32"])
@@ -277,3 +403,35 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"tuner.Kernel({self.name!r}, version={self.version})"
+
+
+def _check_finite(name: str, config: KernelConfig, outs: Sequence[Any],
+                  inputs: Mapping[str, Any]) -> None:
+    """WrongOutput when an output has NaN/Inf although every floating input is finite."""
+    import torch
+
+    finite_inputs = all(bool(torch.isfinite(v).all()) for k, v in inputs.items()
+                        if isinstance(v, torch.Tensor) and v.is_floating_point()
+                        and k not in inputs["_outputs"] and k != "out")
+    if not finite_inputs:
+        return
+    for out_name, out in zip(inputs["_outputs"], outs, strict=True):
+        bad = int((~torch.isfinite(out)).sum()) if out.is_floating_point() else 0
+        if bad:
+            raise WrongOutput(f"kernel {name} has no reference, and its first config "
+                              f"{config.key()} wrote {bad} NaN/Inf element(s) to {out_name} "
+                              "from finite inputs: the kernel is wrong here")
+
+
+def _early_prune(autotuner: Any) -> Callable[[KernelConfig, dict[str, Any]], bool] | None:
+    """The autotuner's ``prune_configs_by["early_config_prune"]`` as a test of one config
+    against a launch's arguments (``perf_model``/``top_k`` rank rather than rule out: the
+    search measures instead)."""
+    prune = getattr(autotuner, "early_config_prune", None)
+    if not callable(prune):
+        return None
+
+    def keeps(config: KernelConfig, args: dict[str, Any]) -> bool:
+        return bool(prune([config.to_triton()], args))
+
+    return keeps

@@ -262,7 +262,9 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
     # kernel can pass (8192^3 bf16 on the H200: a stream_k config 3% faster than the config
     # at 97% of it where the search had stopped after 4 trials): there the roofline stop
     # waits for the model stop's minimum of trials; the copy bandwidth is a real ceiling
-    options = SearchOptions(**options_base, warm_start=warm, resume=resume,
+    listed_configs = getattr(kernel, "listed_configs", None)  # optional: a user's list
+    listed = list(listed_configs(shape, dtype)) if callable(listed_configs) else []
+    options = SearchOptions(**options_base, warm_start=warm, resume=resume, listed=listed,
                             floor_ms=roof.floor_ms if roof else None,
                             roofline_min_trials=(DEFAULT_STOP_MIN_TRIALS
                                                  if roof and roof.bound == "compute" else 0),

@@ -64,7 +64,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         pass
     from tuner.backends.child import classify_exception
     from tuner.device import visible_device_for
-    from tuner.kernel import compile_shape_for, load_ref
+    from tuner.kernel import compile_inputs_for, load_ref
 
     try:
         if kind == "interpret":
@@ -75,14 +75,11 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
 
         def load(shape: dict[str, int]) -> tuple[Any, dict[str, Any]]:
             compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
-            # never full-size inputs of a large problem in every pool process: a smaller
-            # shape that compiles the same binary, or no compiling ahead at all
-            small = compile_shape_for(kernel, shape, dtype)
-            if small is None:
+            if compile_fn is None:
                 return None, {}
             device = "cuda" if kind == "cuda" else "cpu"
-            return compile_fn, (kernel.make_inputs(small, dtype, device, 0)
-                                if compile_fn is not None else {})
+            inputs = compile_inputs_for(kernel, shape, dtype, device)
+            return (compile_fn, inputs) if inputs is not None else (None, {})
 
         compile_fn, inputs = load(shape)
     except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,169 @@
+"""Launching a user's Triton kernel the way ``triton.autotune`` would, with a config of ours.
+
+One home for what a launch of a wrapped kernel needs, shared by ``tuner.Kernel`` (tuning) and
+``tuner.autotune`` (serving):
+
+- ``unwrap``: the autotuner (``triton.autotune``, a library's subclass of Triton's
+  ``Autotuner`` such as fla-core's ``CachedAutotuner``, or ``tuner.autotune``), what sits under
+  it (``triton.heuristics`` or the ``@triton.jit`` function: launched as it is, so stacked
+  heuristics still fill in their meta-parameters) and the plain Python function;
+- ``Problem``: a launch's problem (dimensions and dtype) from its arguments: the autotune key
+  (values of any type, ``tuner.shapes.key_value``), or the user's ``problem(args)`` for
+  dimensions beyond the key (batch, heads, causality); the dtype of the first tensor argument
+  or of the one named by ``dtype_arg``;
+- ``Hooks``: what ``triton.autotune`` does around a launch: ``reset_to_zero``,
+  ``restore_value``, and each config's ``pre_hook`` (a config the list does not hold gets the
+  hook the list's configs share).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.config import LAUNCH_OPTIONS, KernelConfig
+from tuner.shapes import key_value
+
+
+@dataclass(frozen=True)
+class Unwrapped:
+    """A (possibly wrapped) Triton kernel taken apart."""
+
+    #: the autotuner object, if the kernel was decorated with one (else None)
+    autotuner: Any
+    #: what a launch runs: the object under the autotuner (heuristics or the jit function)
+    runner: Any
+    #: the ``@triton.jit`` function (``JITFunction`` / ``InterpretedFunction``)
+    jit: Any
+    #: the plain Python function the kernel was written as
+    python: Callable[..., Any]
+
+
+def _is_autotuner(obj: Any) -> bool:
+    return hasattr(obj, "configs") and (hasattr(obj, "keys") or hasattr(obj, "key")) \
+        and hasattr(obj, "fn")
+
+
+def unwrap(fn: Any) -> Unwrapped:
+    """Take ``fn`` apart: its autotuner, the runner under it, its jit function, its Python
+    function. Raises TypeError for something that is not a Triton kernel."""
+    autotuner = fn if _is_autotuner(fn) else None
+    runner = fn.fn if autotuner is not None else fn
+    jit = runner
+    while hasattr(jit, "fn") and not inspect.isfunction(jit.fn):
+        jit = jit.fn
+    python = getattr(jit, "fn", None)
+    if not inspect.isfunction(python):
+        raise TypeError(f"{fn!r} is not a Triton kernel (a @triton.jit function, possibly "
+                        "under triton.autotune / triton.heuristics)")
+    return Unwrapped(autotuner, runner, jit, python)
+
+
+def autotune_keys(autotuner: Any) -> list[str]:
+    """The key argument names of an autotuner (Triton's ``keys``, ours ``key``)."""
+    if autotuner is None:
+        return []
+    keys = getattr(autotuner, "keys", None)
+    if keys is None or callable(keys):  # a dict-like ``keys()`` method is not a key list
+        keys = getattr(autotuner, "key", [])
+    return list(keys or [])
+
+
+def dtype_name(value: Any) -> str | None:
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        base = getattr(value, "base", None)  # a tensor descriptor: its tensor's dtype
+        dtype = getattr(base, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
+ProblemFn = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """How a launch's arguments name its problem (see the module docstring)."""
+
+    key: tuple[str, ...]
+    arg_names: tuple[str, ...]
+    problem: ProblemFn | None = None
+    dtype_arg: str | None = None
+
+    def dims(self) -> list[str]:
+        return list(self.key)
+
+    def shape(self, named: Mapping[str, Any]) -> dict[str, int]:
+        """The launch's problem dimensions, every value an integer (``key_value``)."""
+        values = self.problem(named) if self.problem is not None else {
+            k: named.get(k) for k in self.key}
+        return {str(k): key_value(v) for k, v in values.items()}
+
+    def dtype(self, named: Mapping[str, Any]) -> str:
+        """The dtype of ``dtype_arg``, else of the first tensor argument; "none" without one."""
+        if self.dtype_arg is not None:
+            return dtype_name(named.get(self.dtype_arg)) or "none"
+        for name in self.arg_names:
+            found = dtype_name(named.get(name))
+            if found:
+                return found
+        return "none"
+
+
+Hook = Callable[[dict[str, Any]], Any]
+
+
+@dataclass
+class Hooks:
+    """What ``triton.autotune`` does around each launch of a config."""
+
+    reset_to_zero: tuple[str, ...] = ()
+    restore_value: tuple[str, ...] = ()
+    #: each listed config's pre_hook, by config
+    pre_hooks: dict[KernelConfig, Hook] = field(default_factory=dict)
+    #: the hook for configs the list does not hold: the one the list's configs share (None
+    #: where they have none or disagree)
+    shared_pre_hook: Hook | None = None
+
+    @classmethod
+    def of(cls, autotuner: Any, configs: Sequence[Any],
+           reset_to_zero: Sequence[str] | None = None,
+           restore_value: Sequence[str] | None = None) -> Hooks:
+        from tuner.user_kernel import config_from_triton
+
+        hooks = {config_from_triton(c): c.pre_hook for c in configs
+                 if getattr(c, "pre_hook", None) is not None}
+        distinct = {id(h) for h in hooks.values()}
+        codes = {getattr(h, "__code__", None) for h in hooks.values()}
+        shared = next(iter(hooks.values())) if hooks and (
+            len(distinct) == 1 or (len(codes) == 1 and None not in codes)) else None
+        zero = reset_to_zero if reset_to_zero is not None else getattr(
+            autotuner, "reset_to_zero", None) or ()
+        restore = restore_value if restore_value is not None else getattr(
+            autotuner, "restore_value", None) or ()
+        return cls(tuple(zero), tuple(restore), hooks, shared)
+
+    def pre_hook(self, config: KernelConfig) -> Hook | None:
+        return self.pre_hooks.get(config, self.shared_pre_hook)
+
+    def before(self, config: KernelConfig, args: dict[str, Any],
+               pristine: Mapping[str, Any] | None = None) -> None:
+        """Zero ``reset_to_zero``, put back ``restore_value`` from ``pristine``, run the
+        config's pre_hook (with the arguments and the config, as Triton calls it)."""
+        for name in self.reset_to_zero:
+            args[name].zero_()
+        for name in self.restore_value:
+            if pristine is not None and name in pristine:
+                args[name].copy_(pristine[name])
+        hook = self.pre_hook(config)
+        if hook is not None:
+            hook({**args, **launch_kwargs(config)})
+
+
+def launch_kwargs(config: KernelConfig) -> dict[str, Any]:
+    """The keyword arguments a config adds to a launch: its meta-parameters and launch
+    options (``num_ctas`` and ``maxnreg`` only where the config sets them)."""
+    options = {k: config[k] for k in LAUNCH_OPTIONS if k in config}
+    return {**config.meta, **options, "num_warps": config.num_warps,
+            "num_stages": config.num_stages}

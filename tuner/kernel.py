@@ -68,6 +68,13 @@ def output_check_of(kernel: Any) -> OutputCheck:
     return check if isinstance(check, OutputCheck) else OutputCheck()
 
 
+def verification_of(kernel: Any) -> str:
+    """How the kernel's outputs are checked: its declared ``verification`` (a ``tuner.Kernel``
+    without a reference: ``"unverified: no reference"``), else ``"reference"`` (built-ins)."""
+    verification = getattr(kernel, "verification", None)
+    return verification if isinstance(verification, str) and verification else "reference"
+
+
 @runtime_checkable
 class TunableKernel(Protocol):
     """One kernel family.

@@ -18,6 +18,7 @@ One home for what a launch of a wrapped kernel needs, shared by ``tuner.Kernel``
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,20 @@ def autotune_keys(autotuner: Any) -> list[str]:
     if keys is None or callable(keys):  # a dict-like ``keys()`` method is not a key list
         keys = getattr(autotuner, "key", [])
     return list(keys or [])
+
+
+def output_tensor(value: Any) -> Any:
+    """The tensor an output argument writes: itself, or a tensor descriptor's base."""
+    base = getattr(value, "base", None)
+    return base if base is not None and hasattr(base, "data_ptr") else value
+
+
+def with_output(value: Any, tensor: Any) -> Any:
+    """``value`` writing to ``tensor`` instead: the tensor, or a copy of a tensor descriptor
+    over it (same shape, strides and block shape)."""
+    if value is tensor or output_tensor(value) is value:
+        return tensor
+    return dataclasses.replace(value, base=tensor)
 
 
 def dtype_name(value: Any) -> str | None:

@@ -38,7 +38,9 @@ from tuner.launching import (
     autotune_keys,
     dtype_name,
     launch_kwargs,
+    output_tensor,
     unwrap,
+    with_output,
 )
 from tuner.space import Constraint, Param, ProblemContext, SearchSpace
 
@@ -285,8 +287,8 @@ class Kernel:
                     seed: int) -> dict[str, Any]:
         args = dict(self._make_inputs(shape, dtype, device, seed))
         if self._outputs is None:
-            self._outputs = [a for a in self._args
-                             if "out" in a.lower() and hasattr(args.get(a), "clone")]
+            self._outputs = [a for a in self._args if "out" in a.lower()
+                             and hasattr(output_tensor(args.get(a)), "clone")]
         if not self._outputs:
             raise InvalidRequest(f"kernel {self.name}: name its output arguments "
                                  f"(outputs=[...]); its arguments are {self._args}",
@@ -350,8 +352,9 @@ class Kernel:
         """The user's reference, given every value ``make_inputs`` returned; else the outputs
         of the user's first config, refused where they are NaN/Inf from finite inputs or where
         the list's second config disagrees with them (``verification`` says so)."""
-        if self._reference is not None:
-            return self._reference({k: v for k, v in inputs.items() if not k.startswith("_")})
+        if self._reference is not None:  # restore_value arguments as they were made
+            given = {**inputs, **inputs.get("_pristine", {})}
+            return self._reference({k: v for k, v in given.items() if not k.startswith("_")})
         if not self.configs:
             raise InvalidRequest(f"kernel {self.name}: without configs, give a reference",
                                  field="reference")
@@ -362,11 +365,13 @@ class Kernel:
 
     def _outputs_of(self, config: KernelConfig, inputs: dict[str, Any]) -> tuple[Any, ...]:
         fresh = dict(inputs)
+        fresh.pop("_prepared", None)
         names = inputs["_outputs"]
         for name in names:
-            fresh[name] = inputs[name].clone().fill_(float("nan"))
+            clone = output_tensor(inputs[name]).clone().fill_(float("nan"))
+            fresh[name] = with_output(inputs[name], clone)
         self.launch(config, fresh)
-        return tuple(fresh[name] for name in names)
+        return tuple(output_tensor(fresh[name]) for name in names)
 
     def _cross_check(self, inputs: dict[str, Any], outs: tuple[Any, ...]) -> None:
         """Once per problem in a process: the list's second config must agree with its first

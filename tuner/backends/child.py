@@ -43,6 +43,7 @@ from tuner.gpu_state import (
     monitor_for_torch_device,
     settle,
 )
+from tuner.launching import output_tensor
 from tuner.measurement import Measurement, Outcome
 
 #: CUDA errors after which the context is unusable: the child must be replaced.
@@ -59,6 +60,10 @@ def is_sticky(text: str) -> bool:
 
 
 def classify_exception(exc: BaseException) -> Outcome:
+    from tuner.errors import InvalidConfig
+
+    if isinstance(exc, InvalidConfig):  # the kernel's own pruning (prune_configs_by)
+        return Outcome.PRUNED
     name = type(exc).__name__
     text = f"{name}: {exc}"
     if "OutOfResources" in name or "out of resource" in text.lower():
@@ -113,7 +118,7 @@ def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> 
     """Poison the outputs, run once, compare with the reference. None when right, else why."""
     names = _output_names(inputs)
     for name in names:
-        inputs[name].fill_(float("nan"))
+        output_tensor(inputs[name]).fill_(float("nan"))
     state.kernel.launch(config, inputs)
     state.sync()
     from tuner.errors import WrongOutput
@@ -128,7 +133,7 @@ def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> 
     worst = 0.0
     for name, ref in zip(names, refs, strict=True):
         label = "" if len(names) == 1 else f"output {name}: "
-        wrong = _compare(state, inputs[name].float(), ref.float(), label)
+        wrong = _compare(state, output_tensor(inputs[name]).float(), ref.float(), label)
         if isinstance(wrong, str):
             return wrong
         worst = max(worst, wrong)

@@ -47,13 +47,14 @@ from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
+from api.routes.kernels import registered_verification
 from db import repo
 from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Task, utcnow
 from search_spaces import get_kernel, kernel_names
 from tuner.config import triton_config_text
 from tuner.configs_file import VLLM_NAMES
 from tuner.gpu_state import throttle_reasons
-from tuner.kernel import TunableKernel
+from tuner.kernel import TunableKernel, verification_of
 from tuner.roofline import Roofline, roofline
 from tuner.settings import Settings
 
@@ -271,7 +272,7 @@ def _job_context(session: Session, job: Job, request: Request) -> dict[str, Any]
     """What the job page's parts are rendered from (the page, and its live refresh)."""
     return {"job": job, "shapes": _shapes(session, job), "progress": job_progress(job),
             "active": job.status in ACTIVE, "waiting": _waiting(session, job, request),
-            "trials_listed": TRIALS_LISTED}
+            "verification": registered_verification(job.kernel), "trials_listed": TRIALS_LISTED}
 
 
 #: the parts of a job page that its live refresh renders again: the job's facts and progress,
@@ -685,7 +686,7 @@ def kernel_page(request: Request, name: str, session: SessionDep) -> HTMLRespons
     rows = repo.list_best(session, kernel=name)
     return _page(request, "kernel.html", title=f"Kernel {name}", kernel=k, space=space.describe(),
                  space_size=space.size(), constraints=constraints, dims=k.dims, rows=rows,
-                 views={r.id: config_views(r) for r in rows})
+                 views={r.id: config_views(r) for r in rows}, verification=verification_of(k))
 
 
 @router.get("/roofline", response_class=HTMLResponse)

@@ -31,7 +31,8 @@ _JOB_EXAMPLE = {"id": _JOB_ID, "kernel": "matmul", "kernel_version": "363e2228ce
                 "budget_trials": 48, "budget_seconds": None, "device": _GPU,
                 "created_at": _WHEN, "started_at": "2026-11-23T08:00:02Z",
                 "finished_at": "2026-11-23T08:01:40Z", "error": None,
-                "url": f"/api/v1/jobs/{_JOB_ID}", "waiting": None, "tasks": [_TASK_EXAMPLE]}
+                "url": f"/api/v1/jobs/{_JOB_ID}", "waiting": None, "verification": "reference",
+                "tasks": [_TASK_EXAMPLE]}
 _TRIAL_EXAMPLE = {"task_id": 1, "number": 7, "config": _CONFIG, "outcome": "ok",
                   "p20_ms": 0.1751, "p50_ms": 0.1768, "p80_ms": 0.1790,
                   "retimed_p20_ms": 0.1755, "retimed_p50_ms": 0.1763, "retimed_p80_ms": 0.1771,
@@ -41,7 +42,7 @@ _TRIAL_EXAMPLE = {"task_id": 1, "number": 7, "config": _CONFIG, "outcome": "ok",
 _CONFIG_EXAMPLE = {"match": "exact", "kernel": "matmul", "dtype": "float16", "shape": _SHAPE,
                    "device": _GPU, "config": _CONFIG, "ms": 0.1763, "tflops": 779.6,
                    "tuned_shape": _SHAPE, "distance": None, "kernel_version": "363e2228ce72",
-                   "triton_version": "3.6.0", "miss": None}
+                   "triton_version": "3.6.0", "miss": None, "verification": "reference"}
 _MISS_EXAMPLE = {"id": 1, "kernel": "matmul", "kernel_version": "363e2228ce72",
                  "dtype": "float16", "shape": {"M": 384, "N": 4096, "K": 4096}, "device": _GPU,
                  "count": 3, "first_seen_at": _WHEN, "last_seen_at": "2026-11-23T08:05:00Z",
@@ -54,7 +55,7 @@ _KERNEL_EXAMPLE = {"name": "matmul", "version": "363e2228ce72",
                    "dtypes": ["float16", "bfloat16", "float32"],
                    "space": [{"name": "BLOCK_M", "kind": "pow2",
                               "values": [16, 32, 64, 128, 256]}],
-                   "space_size": 5120}
+                   "space_size": 5120, "verification": "reference"}
 _WORKER_EXAMPLE = {"id": "gpu0-host-1234", "host": "host", "pid": 1234, "device": _GPU,
                    "kind": "cuda", "gpu_index": 0,
                    "gpu_uuid": "GPU-8d6a2f0c-1111-2222-3333-444455556666", "status": "busy",
@@ -73,6 +74,13 @@ _DEVICE_EXAMPLE = {"key": _GPU, "kind": "cuda", "name": "NVIDIA H200",
 def _examples(*examples: dict[str, Any]) -> ConfigDict:
     """A model's examples in its JSON schema (the OpenAPI document's, shown by /docs)."""
     return ConfigDict(json_schema_extra={"examples": list(examples)})
+
+
+#: what every ``verification`` field says (its value: ``tuner.kernel.verification_of``)
+VERIFICATION_DOC = ("how the kernel's configs were checked: ``reference`` (their outputs were "
+                    "compared with the kernel's reference function) or ``unverified: no "
+                    "reference`` (a user's kernel without one: its configs were only compared "
+                    "with each other and checked for NaN/Inf)")
 
 
 #: the largest integer a path or query parameter takes (PostgreSQL's ``integer`` columns)
@@ -176,6 +184,8 @@ class JobPublic(BaseModel):
     url: str
     waiting: str | None = Field(None, description="why a queued job has not started: no live "
                                 "worker has its device (said once it waited a lease length)")
+    verification: str | None = Field(None, description=VERIFICATION_DOC + "; None when the "
+                                     "job's kernel is not registered here")
     tasks: list[TaskPublic]
 
 
@@ -262,6 +272,7 @@ class ConfigPublic(BaseModel):
     kernel_version: str | None = None
     triton_version: str | None = None
     miss: MissOutcome | None = None
+    verification: str | None = Field(None, description=VERIFICATION_DOC)
 
 
 class ConfigQueryItem(Strict):
@@ -350,6 +361,7 @@ class KernelPublic(BaseModel):
     dtypes: list[str]
     space: list[dict[str, Any]]
     space_size: int
+    verification: str = Field("reference", description=VERIFICATION_DOC)
 
 
 class PluginErrorPublic(BaseModel):

@@ -2,7 +2,8 @@
 
 Built-in kernels live one per module in ``search_spaces/``; users describe theirs in a few lines
 with ``tuner.Kernel`` (``tuner/user_kernel.py``) or implement this protocol directly. Every
-registered kernel passes the conformance suite (``tests/test_kernel_conformance.py``).
+registered kernel passes the conformance suite (``tuner.testing``, run over the registry by
+``tests/test_kernel_conformance.py``; plugin authors run it on theirs).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from db import repo, views
 from search_spaces import get_kernel, kernel_names
 from tuner.errors import InvalidRequest
 from tuner.identity import local_triton_version
-from tuner.kernel import TunableKernel
+from tuner.kernel import TunableKernel, verification_of
 from tuner.settings import Settings
 
 router = APIRouter(prefix="/configs", tags=["configs"])
@@ -100,7 +100,8 @@ def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
     return ConfigPublic(match=cast(Match, served.match), kernel=kernel.name, dtype=dtype,
                         shape=shape, device=row.device_key, config=row.config, ms=row.p50_ms,
                         tflops=row.tflops, tuned_shape=row.shape, distance=distance,
-                        kernel_version=row.kernel_version, triton_version=row.triton_version)
+                        kernel_version=row.kernel_version, triton_version=row.triton_version,
+                        verification=verification_of(kernel))
 
 
 class Lookup:
@@ -134,7 +135,7 @@ def answer_from(group: Group, kernel: TunableKernel, dtype: str, shape: dict[str
         return _public(served, kernel, dtype, shape)
     default = kernel.default_config(shape, dtype).to_dict()
     return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
-                        device=device, config=default)
+                        device=device, config=default, verification=verification_of(kernel))
 
 
 def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:

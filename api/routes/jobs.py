@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.routes.kernels import registered_verification
 from api.schemas import (
     INT32_MAX,
     GpuStatePublic,
@@ -76,7 +77,8 @@ def job_public(job: Job, waiting: str | None = None) -> JobPublic:
                      budget_trials=job.budget_trials, budget_seconds=job.budget_seconds,
                      device=job.device_key, created_at=job.created_at,
                      started_at=job.started_at, finished_at=job.finished_at, error=job.error,
-                     url=job_url(job.id), waiting=waiting, tasks=tasks)
+                     url=job_url(job.id), waiting=waiting,
+                     verification=registered_verification(job.kernel), tasks=tasks)
 
 
 def waiting_note(session: Session, job: Job, settings: Settings) -> str | None:

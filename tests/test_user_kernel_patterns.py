@@ -274,3 +274,18 @@ def test_a_plugin_written_against_the_required_members_loads_and_tunes(tmp_path:
 @pytest.fixture(autouse=True)
 def _interpreter() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# -- every adapted kernel passes the conformance suite shipped to plugin authors ---------------
+
+CONFORMING = {"PADDED": {"T": 7, "D": 5}, "TMA": {"M": 8, "N": 16}, "SQUARE": {"N": 13},
+              "IN_PLACE": {"N": 11}, "NEGATE": {"N": 20}, "ROWS": {"B": 2, "H": 3, "S": 9},
+              "LISTED": {"N": 24}, "RAW": {"N": 20}}
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMING))
+def test_each_adapted_kernel_passes_tuner_testing(name: str):
+    from tuner.kernel import with_defaults
+    from tuner.testing import check_kernel
+
+    check_kernel(with_defaults(getattr(uk, name)), shape=CONFORMING[name], dtype="float32")

@@ -1,7 +1,7 @@
 """Users' kernels (tests/user_kernels.py) on the GPU: every pattern verified and tuned by the
 real measuring child (a TMA kernel's pre_hook on the compiled path, heuristics, reset_to_zero,
 restore_value, prune_configs_by, config-dependent inputs, dimensions beyond the key), NaN
-refused without a reference, and a kernel declaring 1 TiB compiled ahead by the pool from
+refused without a reference, and a kernel declaring 512 MiB compiled ahead by the pool from
 stand-ins (the child then loads the binary)."""
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ shape, and optionally a reference. Everything else has defaults:
 ``make_inputs(shape, dtype, device, seed)`` returns the kernel's arguments by parameter name
 (tensors of random data, ints, floats); the key arguments must equal the shape's dimensions.
 The kernel is launched as ``fn[grid](**args, **config.meta, num_warps=..., num_stages=...)``,
-and ``grid`` is called like Triton's: with the arguments and the config's meta-parameters.
+and ``grid`` is called like Triton's, with the config's meta-parameters and every value
+``make_inputs`` (and ``prepare``) returned, tensors as tensors.
 """
 
 from __future__ import annotations
@@ -334,11 +335,24 @@ class Kernel:
             raise InvalidConfig(f"kernel {self.name}: the kernel's prune_configs_by rejects "
                                 f"{config.key()} for these arguments", field="config")
 
+    def _grid_seeing(self, config: KernelConfig, inputs: dict[str, Any]) -> Any:
+        """The user's grid, called with the launch's meta-parameters and every value
+        ``make_inputs`` and ``prepare`` gave, as they are: a size no kernel argument carries
+        (rows that only set the grid) is there, and tensors are tensors (Triton's CPU
+        interpreter hands a grid pointer values where a GPU launch hands tensors)."""
+        grid = self._grid
+        if not callable(grid):
+            return grid
+        given = {k: v for k, v in inputs.items() if not k.startswith("_")}
+        given.update(inputs.get("_prepared", {}).get(config, {}))
+        return lambda meta: grid({**meta, **given})
+
     def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
         args = self._launch_args(config, inputs)
         self._check_pruned(config, args)
         self.hooks.before(config, args, inputs.get("_pristine"))
-        self._runner.run(grid=self._grid, warmup=False, **args, **launch_kwargs(config))
+        self._runner.run(grid=self._grid_seeing(config, inputs), warmup=False, **args,
+                         **launch_kwargs(config))
 
     def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
         args = self._launch_args(config, inputs)
@@ -346,7 +360,8 @@ class Kernel:
         hook = self.hooks.pre_hook(config)
         if hook is not None:  # a pre_hook may set what compiles (descriptors' block shapes)
             hook({**args, **launch_kwargs(config)})
-        self._runner.run(grid=self._grid, warmup=True, **args, **launch_kwargs(config))
+        self._runner.run(grid=self._grid_seeing(config, inputs), warmup=True, **args,
+                         **launch_kwargs(config))
 
     def reference(self, inputs: dict[str, Any]) -> Any:
         """The user's reference, given every value ``make_inputs`` returned; else the outputs

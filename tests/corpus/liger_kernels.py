@@ -13,21 +13,21 @@ make_inputs and reference helpers it uses, as formatted here), and what it exerc
 - ``liger_swiglu_mlp_bwd_dI``: ``ops/mlp.py`` ``_swiglu_kernel_backward_dI``, 28 lines. Two
   products into one accumulator; descriptors over strided views.
 
-Blocked (``BLOCKED``; the tests expect it to fail until this project is fixed):
-``liger_moe_up_proj_swiglu`` (``ops/fused_moe_kernels.py`` ``_fused_up_proj_swiglu_kernel``, 39
-lines). The library keeps ``BLOCK_M`` out of its autotune list because "tile_row_start/
+- ``liger_moe_up_proj_swiglu``: ``ops/fused_moe_kernels.py`` ``_fused_up_proj_swiglu_kernel``,
+  39 lines. The library keeps ``BLOCK_M`` out of its autotune list because "tile_row_start/
 tile_expert and the grid dim-0 (num_m_tiles) must be recomputed for every candidate value":
 exactly what ``prepare`` is for, so the adapter tunes ``BLOCK_M`` too and ``prepare`` runs the
 library's routing kernels for each config. But no kernel argument carries the number of
 M-tiles, so the grid must read ``tile_row_start_ptr.shape[0]``: Triton's GPU launcher passes
 a grid the real tensors, its CPU interpreter pointers (``IndexError: list index out of
-range``). On an H100 (torch 2.11, Triton 3.6) the same adapter verifies against its reference
+range``); it was blocked until ``tuner.Kernel`` called the grid with the values ``make_inputs``
+and ``prepare`` gave, tensors as tensors. On an H100 (torch 2.11, Triton 3.6) the same adapter verifies against its reference
 in fp16 and fp32 at T=8192, H=4096, I=1408, E=64, K=8 with BLOCK_M 32, 64 and 128, as every
 kernel here does at its first GPU shape.
 
 Left out: ``ops/dyt.py``'s kernels call ``libdevice.tanh``, which Triton's interpreter does not
 run (``'NoneType' object has no attribute 'dtype'``); ``_token_gather_weighted_sum_kernel``
-(grid ``(T,)``, ``T`` no argument) is blocked as the MoE kernel is; ``ops/grpo_loss.py``'s
+(grid ``(T,)``, ``T`` no argument; adaptable now, not yet written); ``ops/grpo_loss.py``'s
 autotune is commented out; ``experimental/mm_int8int2.py`` multiplies int8 by packed int2 and
 this project names no integer dtype (``tuner/dtypes.py``: float16, bfloat16, float32,
 float8_e4m3fn).
@@ -195,16 +195,10 @@ MOE_UP_PROJ = _moe_up_proj()
 
 KERNELS = catalogue(__name__, SWIGLU_MLP_FWD=SWIGLU_MLP_FWD,
                     SWIGLU_MLP_FWD_INFERENCE=SWIGLU_MLP_FWD_INFERENCE,
-                    SWIGLU_MLP_BWD_DI=SWIGLU_MLP_BWD_DI)
-catalogue(__name__, MOE_UP_PROJ=MOE_UP_PROJ)
+                    SWIGLU_MLP_BWD_DI=SWIGLU_MLP_BWD_DI, MOE_UP_PROJ=MOE_UP_PROJ)
 
-BLOCKED = {
-    "liger_moe_up_proj_swiglu": Blocked(
-        lambda: MOE_UP_PROJ,
-        "the grid needs the number of M-tiles, which only the prepared tile_row_start tensor "
-        "carries; on the interpreter the grid gets pointers for tensors, so "
-        "m['tile_row_start_ptr'].shape[0] raises IndexError"),
-}
+#: none now: the MoE kernel was blocked until its grid saw the prepared tensors as tensors
+BLOCKED: dict[str, Blocked] = {}
 
 SHAPES: dict[str, Shape] = {
     "liger_swiglu_mlp_fwd": {"B": 2, "S": 9, "dim": 40, "hidden": 24},

@@ -21,9 +21,9 @@ library's routing kernels for each config. But no kernel argument carries the nu
 M-tiles, so the grid must read ``tile_row_start_ptr.shape[0]``: Triton's GPU launcher passes
 a grid the real tensors, its CPU interpreter pointers (``IndexError: list index out of
 range``); it was blocked until ``tuner.Kernel`` called the grid with the values ``make_inputs``
-and ``prepare`` gave, tensors as tensors. On an H100 (torch 2.11, Triton 3.6) the same adapter verifies against its reference
-in fp16 and fp32 at T=8192, H=4096, I=1408, E=64, K=8 with BLOCK_M 32, 64 and 128, as every
-kernel here does at its first GPU shape.
+and ``prepare`` gave, tensors as tensors. On an H100 (torch 2.11, Triton 3.6) the same
+adapter verifies against its reference in fp16 and fp32 at T=8192, H=4096, I=1408, E=64,
+K=8 with BLOCK_M 32, 64 and 128, as every kernel here does at its first GPU shape.
 
 Left out: ``ops/dyt.py``'s kernels call ``libdevice.tanh``, which Triton's interpreter does not
 run (``'NoneType' object has no attribute 'dtype'``); ``_token_gather_weighted_sum_kernel``

@@ -14,8 +14,8 @@ shape: ``tuner`` launches through ``tuner.autotune`` wrapped around the library'
 function (one lookup, one compile), ``library`` through the library's autotuner as imported
 (it compiles and times its whole list). ``kernel-times`` times, in one process and
 interleaved (5 rounds, median of each), the served config and the config the library's
-autotuner picks, both launched the same way (``tuner.Kernel.launch``) and timed with the
-project's host-ahead ``do_bench`` (L2 flushed; random inputs); the ratio is library / served.
+autotuner picked in the first-launch run, both launched the same way
+(``tuner.Kernel.launch``) and timed with the project's host-ahead ``do_bench`` (L2 flushed; random inputs); the ratio is library / served.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ import httpx
 
 TRIALS = 48
 ROUNDS = 5
+#: GPU shapes a kernel is tuned and timed on (the first ones of its GPU_SHAPES): one keeps a
+#: run of the whole corpus inside a device call
+SHAPES_PER_KERNEL = 1
 
 
 def corpus() -> dict[str, tuple[Any, list[dict[str, int]], str]]:
@@ -46,7 +49,8 @@ def corpus() -> dict[str, tuple[Any, list[dict[str, int]], str]]:
         dtypes = getattr(module, "GPU_DTYPES", {})
         for name, kernel in getattr(module, "KERNELS", {}).items():
             if name in shapes:
-                found[kernel.name] = (kernel, shapes[name], dtypes.get(name, _dtype(kernel)))
+                found[kernel.name] = (kernel, shapes[name][:SHAPES_PER_KERNEL],
+                                      dtypes.get(name, _dtype(kernel)))
     return found
 
 
@@ -120,6 +124,7 @@ def first_launch(arm: str, url: str) -> dict[str, Any]:
     import torch
 
     import tuner
+    from tuner.user_kernel import config_from_triton
 
     torch.ones(1, device="cuda").sum().item()  # the CUDA context: in neither arm
     tuner.configure(url=url, deadline_s=2.0, report_misses=False)
@@ -143,26 +148,32 @@ def first_launch(arm: str, url: str) -> dict[str, Any]:
             launcher[kernel._grid](**args)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
-            source = "library autotune"
+            source, pick = "library autotune", None
+            if arm == "library":
+                pick = config_from_triton(launcher.best_config).to_dict()
             if arm == "tuner":
                 problem = launcher.problem({**inputs, **args})
                 source = launcher.sources.get(problem, "?") if problem else "?"
             rows.append({"kernel": name, "shape": shape, "first_launch_s": seconds,
-                         "source": source})
+                         "source": source, "library_config": pick})
             print(f"{arm} {name} {shape}: {seconds * 1e3:.1f} ms ({source})", flush=True)
     return {"arm": arm, "rows": rows}
 
 
-def _library_pick(kernel: Any, inputs: dict[str, Any]) -> Any:
-    """The config the library's autotuner picks on these inputs, found as it finds it."""
+def _library_pick(kernel: Any, inputs: dict[str, Any], picked: dict[str, Any] | None) -> Any:
+    """The config the library's autotuner picked in the first-launch run (``picked``), else
+    the one it picks on these inputs, found as it finds it."""
+    from tuner.config import KernelConfig
     from tuner.user_kernel import config_from_triton
 
+    if picked:
+        return KernelConfig(picked)
     lib = kernel.fn
     lib[kernel._grid](**_launch_args(kernel, inputs))
     return config_from_triton(lib.best_config)
 
 
-def kernel_times(url: str) -> dict[str, Any]:
+def kernel_times(url: str, picks_file: str | None = None) -> dict[str, Any]:
     import torch
 
     import tuner
@@ -170,6 +181,8 @@ def kernel_times(url: str) -> dict[str, Any]:
     from tuner.gpu_timer import do_bench
 
     tuner.configure(url=url, deadline_s=5.0, report_misses=False)
+    picks = {(r["kernel"], _shape(r["shape"])): r.get("library_config") for r in json.loads(
+        Path(picks_file).read_text())["rows"]} if picks_file else {}
     rows = []
     for name, (kernel, shapes, dtype) in corpus().items():
         for shape in shapes:
@@ -178,7 +191,7 @@ def kernel_times(url: str) -> dict[str, Any]:
                                                  kernel_version=kernel.version)
             tuned = found[0] if found else None
             pick = (None if getattr(kernel, "_prepare", None) is not None
-                    else _library_pick(kernel, inputs))
+                    else _library_pick(kernel, inputs, picks.get((name, _shape(shape)))))
             arms = {"served": tuned, "library": pick}
             times: dict[str, list[float]] = {k: [] for k, c in arms.items() if c is not None}
             for _ in range(ROUNDS):  # interleaved: drift hits both alike
@@ -260,6 +273,8 @@ def main() -> None:
         p = sub.add_parser(cmd)
         p.add_argument("--url", required=True)
         p.add_argument("--out", required=True)
+        p.add_argument("--picks", help="kernel-times: the library arm's first-launch json "
+                       "(its picks are timed instead of autotuning again)")
     fl = sub.add_parser("first-launch")
     fl.add_argument("--arm", choices=["tuner", "library"], required=True)
     fl.add_argument("--url", required=True)
@@ -274,7 +289,7 @@ def main() -> None:
         print(report(Path(args.dir)))
         return
     result = (tune(args.url) if args.cmd == "tune" else
-              kernel_times(args.url) if args.cmd == "kernel-times" else
+              kernel_times(args.url, args.picks) if args.cmd == "kernel-times" else
               first_launch(args.arm, args.url))
     Path(args.out).write_text(json.dumps(result, indent=1))
 

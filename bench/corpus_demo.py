@@ -15,7 +15,8 @@ function (one lookup, one compile), ``library`` through the library's autotuner 
 (it compiles and times its whole list). ``kernel-times`` times, in one process and
 interleaved (5 rounds, median of each), the served config and the config the library's
 autotuner picked in the first-launch run, both launched the same way
-(``tuner.Kernel.launch``) and timed with the project's host-ahead ``do_bench`` (L2 flushed; random inputs); the ratio is library / served.
+(``tuner.Kernel.launch``) and timed with the project's host-ahead ``do_bench`` (L2 flushed;
+random inputs); the ratio is library / served.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pkgutil
 import subprocess
 import time
@@ -39,6 +40,18 @@ ROUNDS = 5
 SHAPES_PER_KERNEL = 1
 
 
+#: a job that runs longer than this is cancelled (its trials are kept), so a phase ends
+JOB_DEADLINE_S = 180.0
+
+
+def _selected(name: str) -> bool:
+    """``CORPUS_ONLY``/``CORPUS_SKIP``: comma-separated kernel names a run is limited to or
+    leaves out (to split the corpus across device calls)."""
+    only = [n for n in os.environ.get("CORPUS_ONLY", "").split(",") if n]
+    skip = [n for n in os.environ.get("CORPUS_SKIP", "").split(",") if n]
+    return (not only or name in only) and name not in skip
+
+
 def corpus() -> dict[str, tuple[Any, list[dict[str, int]], str]]:
     """Every corpus kernel: name -> (tuner.Kernel, its GPU shapes, its GPU dtype)."""
     import tests.corpus as package
@@ -49,7 +62,7 @@ def corpus() -> dict[str, tuple[Any, list[dict[str, int]], str]]:
         shapes = getattr(module, "GPU_SHAPES", {})
         dtypes = getattr(module, "GPU_DTYPES", {})
         for name, kernel in getattr(module, "KERNELS", {}).items():
-            if name in shapes:
+            if name in shapes and _selected(kernel.name):
                 found[kernel.name] = (kernel, shapes[name][:SHAPES_PER_KERNEL],
                                       dtypes.get(name, _dtype(kernel)))
     return found
@@ -63,8 +76,22 @@ def refs() -> str:
     return ",".join(kernel.ref for kernel, _, _ in corpus().values())
 
 
+def _cancel_unselected(url: str, selected: set[str]) -> None:
+    """Cancel the unfinished jobs of kernels this run leaves out (an earlier phase's, in the
+    database it continues), so the worker runs only the selected ones."""
+    for state in ("queued", "running"):
+        listed = httpx.get(f"{url}/api/v1/jobs", params={"status": state, "limit": 500},
+                           timeout=30).json()["data"]
+        for job in listed:
+            if job["kernel"] not in selected:
+                httpx.post(f"{url}/api/v1/jobs/{job['id']}/cancel", timeout=30)
+                print(f"cancelled {state} job {job['id']} ({job['kernel']}): not in this run",
+                      flush=True)
+
+
 def tune(url: str) -> dict[str, Any]:
     jobs = {}
+    _cancel_unselected(url, set(corpus()))
     for name, (_, shapes, dtype) in corpus().items():
         body = {"kernel": name, "dtype": dtype, "shapes": shapes,
                 "budget": {"trials": TRIALS}, "force": True}
@@ -98,10 +125,17 @@ def _seconds(started: str | None, finished: str | None) -> float | None:
 
 
 def _wait(url: str, job_id: str) -> dict[str, Any]:
+    """The job once it ended; cancelled (its trials kept) once it has run JOB_DEADLINE_S."""
+    started: float | None = None
     while True:
         job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=30).json()
         if job["status"] in ("succeeded", "failed", "cancelled"):
             return dict(job)
+        if job["status"] == "running":
+            started = started or time.monotonic()
+            if time.monotonic() - started > JOB_DEADLINE_S:
+                print(f"job {job_id} over {JOB_DEADLINE_S:.0f} s: cancelled", flush=True)
+                httpx.post(f"{url}/api/v1/jobs/{job_id}/cancel", timeout=30)
         time.sleep(2)
 
 

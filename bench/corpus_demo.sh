@@ -4,8 +4,11 @@
 # `tuner serve` over HTTP, then served and timed against each library's own autotune pick by
 # bench/corpus_demo.py. Two phases, each inside one device call:
 #
-#   bench/corpus_demo.sh OUT_DIR tune       # tuner serve tunes the corpus into OUT_DIR/corpus.db
+#   bench/corpus_demo.sh OUT_DIR tune [DB]  # tuner serve tunes the corpus into OUT_DIR/corpus.db
+#                                           # (starting from a copy of DB, to add kernels to it)
 #   bench/corpus_demo.sh OUT_DIR measure DB # first launches and kernel times, served from DB
+#
+# CORPUS_ONLY / CORPUS_SKIP (comma-separated kernel names) split the corpus across calls.
 set -uo pipefail
 out=${1:?usage: bench/corpus_demo.sh OUT_DIR tune|measure [DB]}
 phase=${2:?usage: bench/corpus_demo.sh OUT_DIR tune|measure [DB]}
@@ -23,6 +26,7 @@ echo "TUNER_KERNELS=$TUNER_KERNELS"
 if [ "$phase" = tune ]; then
   db=$out/corpus.db
   rm -f "$db"*
+  if [ -n "${3:-}" ]; then cp "$3" "$db"; fi
 else
   db=${3:?measure needs the DB the tune phase wrote}
 fi

@@ -204,3 +204,19 @@ def test_a_callback_that_raises_stops_the_batch_and_the_backend_still_works(back
         backend.measure([cfg(GOOD, 1), cfg(GOOD, 2), cfg(GOOD, 3)], on_result=stop)
     assert len(seen) == 1
     assert backend.measure([cfg(GOOD, 2)])[0].ok
+
+
+def test_a_config_only_the_compile_pool_fails_to_build_is_measured_by_the_child():
+    """A pool crash may come from the pool's own inputs (stand-ins, a problem made on the
+    CPU): the child compiles and measures the config itself. Compile errors stay final."""
+    from tests.fakes.faulty import POOL_ONLY
+
+    b = ProcessBackend("interpret", POOL_ONLY.ref, SHAPE, "float32", timing=FAST,
+                       compile_workers=1)
+    try:
+        good, broken = b.measure([KernelConfig(MODE=GOOD, SLOW=1),
+                                  KernelConfig(MODE=COMPILE_ERROR, SLOW=1)])
+    finally:
+        b.close()
+    assert good.ok, good.error
+    assert broken.outcome is Outcome.COMPILE_ERROR

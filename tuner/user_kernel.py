@@ -313,7 +313,15 @@ class Kernel:
         if 0 < self.bytes(shape, dtype) <= MAX_FULL_COMPILE_BYTES:
             return self.make_inputs(shape, dtype, device, 0)
         inputs = self.make_inputs(shape, dtype, "cpu", 0)
-        return {k: _standin(v, device) if k in self._args else v for k, v in inputs.items()}
+        small = {k: _standin(v, device) for k, v in inputs.items() if k in self._args}
+        if "out" not in self._args:
+            small["out"] = small[inputs["_outputs"][0]]
+        for k, v in inputs.items():
+            if k not in small:  # bookkeeping; what ``prepare`` reads goes to the device as it
+                # is (routing metadata: it may launch kernels of its own there)
+                moves = self._prepare is not None and not k.startswith("_") and hasattr(v, "to")
+                small[k] = v.to(device) if moves else v
+        return small
 
     def kernel_args(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs that are kernel parameters (without ``out``/``_outputs`` bookkeeping)."""

@@ -109,3 +109,24 @@ class SubtractKernel(FaultyKernel):
 
 
 SUBTRACT = SubtractKernel()
+
+
+class PoolOnlyKernel(FaultyKernel):
+    """Compiles from inputs of its own in the compile pool (``compile_inputs``, as
+    ``tuner.Kernel`` does with stand-ins), where its compile crashes; with the problem's own
+    inputs (the GPU child's) it compiles and runs fine."""
+
+    name = "pool_only"
+    ref = "tests.fakes.faulty:POOL_ONLY"
+
+    def compile_inputs(self, shape: Mapping[str, int], dtype: str,
+                       device: str) -> dict[str, Any]:
+        return {"stand_in": True}
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        super().compile(config, inputs)  # MODE=COMPILE_ERROR fails anywhere
+        if inputs.get("stand_in"):
+            raise RuntimeError("Pointer argument (at 0) cannot be accessed from Triton")
+
+
+POOL_ONLY = PoolOnlyKernel()

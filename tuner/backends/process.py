@@ -108,6 +108,18 @@ class ChildProcess:
         self.kill()
 
 
+#: what a compile-pool failure settles for good: the compiler refused the config or ran out of
+#: time. Anything else (a crash) may come from the pool's own inputs (stand-ins, a problem made
+#: on another device), so the GPU child compiles and measures that config itself: a config the
+#: pool could not build (liger's fused MoE: routing kernels launched on the pool's CPU-made
+#: inputs) is not a config that cannot run.
+DECISIVE_COMPILE_FAILURES = (Outcome.COMPILE_ERROR, Outcome.OUT_OF_RESOURCES, Outcome.TIMEOUT)
+
+
+def _decisive(failure: Measurement | None) -> bool:
+    return failure is not None and failure.outcome in DECISIVE_COMPILE_FAILURES
+
+
 class ProcessBackend:
     """The ``cuda`` and ``interpret`` backends: a child process measures, the parent supervises."""
 
@@ -286,9 +298,9 @@ class ProcessBackend:
             if config not in self._compiled:
                 continue
             compiled = self._compiled.pop(config)
-            if compiled.failure is not None:
+            if _decisive(compiled.failure):
                 wanted.discard(config)
-                done(compiled.failure)
+                done(compiled.failure)  # type: ignore[arg-type]
             else:
                 ready.append(compiled)
         self._pool.submit([c for c in unique if c in wanted and c not in
@@ -301,9 +313,9 @@ class ProcessBackend:
                         r.config == compiled.config for r in ready):
                     self._stash(compiled)  # compiled ahead, or left from an abandoned batch
                     continue
-                if compiled.failure is not None:
+                if _decisive(compiled.failure):
                     wanted.discard(compiled.config)
-                    done(compiled.failure)
+                    done(compiled.failure)  # type: ignore[arg-type]
                 else:
                     ready.append(compiled)
             if ready:

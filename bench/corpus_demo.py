@@ -5,7 +5,8 @@
     python3 -m bench.corpus_demo tune --url URL --out tune.json
     python3 -m bench.corpus_demo first-launch --arm tuner|library --url URL --out FILE.json
     python3 -m bench.corpus_demo kernel-times --url URL --out times.json
-    python3 -m bench.corpus_demo report --dir DIR > corpus_demo.md
+    python3 -m bench.corpus_demo tune-rows --db DB_URL --out tune_x.json  # from a tune's DB
+    python3 -m bench.corpus_demo report --dir DIR > corpus_demo.md  # every tune*.json in DIR
 
 ``tune`` submits one job per corpus kernel (its GPU shapes, 48 trials a shape) to a running
 ``tuner serve`` and waits; it records each task's trials, wall time and best.
@@ -137,6 +138,28 @@ def _wait(url: str, job_id: str) -> dict[str, Any]:
                 print(f"job {job_id} over {JOB_DEADLINE_S:.0f} s: cancelled", flush=True)
                 httpx.post(f"{url}/api/v1/jobs/{job_id}/cancel", timeout=30)
         time.sleep(2)
+
+
+def tune_rows(db_url: str) -> dict[str, Any]:
+    """``tune``'s rows read back from a database a tune phase wrote (for a phase whose device
+    call ended before ``tune`` wrote its file): each task's status, trials, wall time, best."""
+    from sqlalchemy import create_engine, text
+
+    query = text("SELECT j.kernel, j.dtype, t.shape, t.status, t.trials_done, t.best_ms, "
+                 "t.best_config, t.outcome_counts, t.error, t.started_at, t.finished_at "
+                 "FROM tasks t JOIN jobs j ON j.id = t.job_id ORDER BY t.id")
+    with create_engine(db_url).connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(query)]
+    out = []
+    for r in rows:
+        decode = (lambda v: json.loads(v) if isinstance(v, str) else v)
+        out.append({"kernel": r["kernel"], "dtype": r["dtype"], "shape": decode(r["shape"]),
+                    "status": r["status"], "trials": r["trials_done"], "best_ms": r["best_ms"],
+                    "best_config": decode(r["best_config"]),
+                    "outcomes": decode(r["outcome_counts"]), "error": r["error"],
+                    "job_wall_s": _seconds(r["started_at"] and str(r["started_at"]),
+                                           r["finished_at"] and str(r["finished_at"]))})
+    return {"rows": out}
 
 
 def served(kernel: Any) -> Any:
@@ -271,7 +294,12 @@ def report(folder: Path) -> str:
     def load(name: str) -> dict[str, Any]:
         return dict(json.loads((folder / name).read_text()))
 
-    tuned = {(r["kernel"], _shape(r["shape"])): r for r in load("tune.json")["rows"]}
+    tuned: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(folder.glob("tune*.json")):  # phases: a task's furthest run counts
+        for r in json.loads(path.read_text())["rows"]:
+            key = (r["kernel"], _shape(r["shape"]))
+            if key not in tuned or (r["trials"] or 0) > (tuned[key]["trials"] or 0):
+                tuned[key] = r
     times = load("kernel_times.json")
     first = {arm: {(r["kernel"], _shape(r["shape"])): r for r in load(f"first_{arm}.json")[
         "rows"]} for arm in ("tuner", "library")}
@@ -314,11 +342,17 @@ def main() -> None:
     fl.add_argument("--arm", choices=["tuner", "library"], required=True)
     fl.add_argument("--url", required=True)
     fl.add_argument("--out", required=True)
+    tr = sub.add_parser("tune-rows")
+    tr.add_argument("--db", required=True)
+    tr.add_argument("--out", required=True)
     rp = sub.add_parser("report")
     rp.add_argument("--dir", required=True)
     args = parser.parse_args()
     if args.cmd == "refs":
         print(refs())
+        return
+    if args.cmd == "tune-rows":
+        Path(args.out).write_text(json.dumps(tune_rows(args.db), indent=1))
         return
     if args.cmd == "report":
         print(report(Path(args.dir)))

@@ -280,7 +280,7 @@ def _interpreter() -> None:
 
 CONFORMING = {"PADDED": {"T": 7, "D": 5}, "TMA": {"M": 8, "N": 16}, "SQUARE": {"N": 13},
               "IN_PLACE": {"N": 11}, "NEGATE": {"N": 20}, "ROWS": {"B": 2, "H": 3, "S": 9},
-              "LISTED": {"N": 24}, "RAW": {"N": 20}}
+              "LISTED": {"N": 24}, "RAW": {"N": 20}, "BY_CALL": {"N": 21}}
 
 
 @pytest.mark.parametrize("name", sorted(CONFORMING))
@@ -289,3 +289,37 @@ def test_each_adapted_kernel_passes_tuner_testing(name: str):
     from tuner.testing import check_kernel
 
     check_kernel(with_defaults(getattr(uk, name)), shape=CONFORMING[name], dtype="float32")
+
+
+# -- adapted by its launcher ---------------------------------------------------------------------
+
+def test_a_kernel_adapted_by_its_launcher_gets_the_arguments_and_grid_the_launcher_gives():
+    inputs = uk.BY_CALL.make_inputs({"N": 21}, "float32", "cpu", 9)
+    assert inputs["N"] == 21 and inputs["x_ptr"] is inputs["x"]
+    assert callable(inputs["_grid"])
+    for config in (uk.BY_CALL.configs[0], KernelConfig(BLOCK=64, num_warps=1, num_stages=3)):
+        assert verify(uk.BY_CALL, config, {"N": 21}) is None
+
+
+def test_capturing_a_launch_runs_nothing_and_leaves_the_kernel_as_it_was():
+    from tuner.launching import capture_launch
+
+    x = torch.randn(9)
+    seen = capture_launch(uk.copy_kernel, lambda: uk.copy(x))
+    assert seen.args["x_ptr"] is x and seen.args["N"] == 9
+    assert "run" not in vars(uk.copy_kernel)
+    with pytest.raises(ValueError, match="never launched"):
+        capture_launch(uk.copy_kernel, lambda: None)
+
+
+def test_a_kernel_adapted_by_its_launcher_is_tuned_end_to_end():
+    shape = {"N": 30}
+    backend = open_backend("interpret", uk.BY_CALL, shape, "float32")
+    try:
+        result = run_search(uk.BY_CALL, shape, "float32", backend,
+                            SearchOptions(trials=2, retime_rounds=1,
+                                          listed=uk.BY_CALL.listed_configs(shape, "float32")))
+    finally:
+        backend.close()
+    assert result.best is not None and result.best.ok
+    assert all(m.ok for m in result.trials)

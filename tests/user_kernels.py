@@ -360,3 +360,20 @@ class RawProtocolKernel:
 
 
 RAW = RawProtocolKernel()
+
+
+# -- adapted by its launcher: the library's own function says how it launches the kernel -----
+
+def copy(x: torch.Tensor) -> torch.Tensor:
+    """A library's launcher: allocates the output, derives the grid, launches."""
+    out = torch.empty_like(x)
+    n = x.numel()
+    copy_kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, out, n)
+    return out
+
+
+BY_CALL = _named(tuner.Kernel(
+    copy_kernel, name="copy_by_call", call=lambda a: copy(a["x"]), outputs=["out_ptr"],
+    call_inputs=lambda s, dtype, dev, seed: {
+        "x": torch.randn(s["N"], generator=_gen(dev, seed), device=dev)},
+    reference=lambda a: a["x"], dtypes=("float32",)), "BY_CALL")

@@ -204,3 +204,49 @@ def launch_kwargs(config: KernelConfig) -> dict[str, Any]:
     options = {k: config[k] for k in LAUNCH_OPTIONS if k in config}
     return {**config.meta, **options, "num_warps": config.num_warps,
             "num_stages": config.num_stages}
+
+
+class _Captured(Exception):
+    """Raised by the stand-in ``run`` once the library's launcher reached the kernel."""
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What a library's launcher passed to the kernel: its grid and its arguments by name."""
+
+    grid: Any
+    args: dict[str, Any]
+
+
+def capture_launch(fn: Any, call: Callable[[], Any]) -> Capture:
+    """Run ``call`` (the library's own launcher, e.g. ``lambda: l2norm_fwd(x)``) with the
+    launch of ``fn`` intercepted: the grid and arguments it passes, by name, and nothing of the
+    kernel launched (the launcher stops there). The autotuner's ``run`` (or, for a kernel with
+    none, the jit function's) is replaced on the object for the call: heuristics layers outside
+    it have added their values already, and they are recomputed the same at each launch."""
+    parts = unwrap(fn)
+    target = parts.autotuner if parts.autotuner is not None else parts.jit
+    names = list(inspect.signature(parts.python).parameters)
+    seen: list[Capture] = []
+
+    def record(*args: Any, grid: Any = None, warmup: bool = False, **kwargs: Any) -> Any:
+        seen.append(Capture(grid, {**dict(zip(names, args, strict=False)), **{
+            k: v for k, v in kwargs.items() if k in names}}))
+        raise _Captured
+
+    had = "run" in vars(target)
+    saved = vars(target).get("run")
+    target.run = record
+    try:
+        call()
+    except _Captured:
+        pass
+    finally:
+        if had:
+            target.run = saved
+        else:
+            del target.run
+    if not seen:
+        raise ValueError(f"the call never launched {parts.python.__name__}: give the "
+                         "library function that launches this kernel")
+    return seen[0]

@@ -37,6 +37,7 @@ from tuner.launching import (
     Problem,
     ProblemFn,
     autotune_keys,
+    capture_launch,
     dtype_name,
     launch_kwargs,
     output_tensor,
@@ -183,7 +184,10 @@ def _standin(value: Any, device: str) -> Any:
 class Kernel:
     """A TunableKernel built from a user's Triton kernel (see the module docstring)."""
 
-    def __init__(self, fn: Any, *, grid: Grid, make_inputs: MakeInputs,
+    def __init__(self, fn: Any, *, grid: Grid | None = None,
+                 make_inputs: MakeInputs | None = None,
+                 call: Callable[[dict[str, Any]], Any] | None = None,
+                 call_inputs: MakeInputs | None = None,
                  name: str | None = None, configs: Sequence[Any] | None = None,
                  key: Sequence[str] | None = None,
                  dims: Mapping[str, Any] | Sequence[Dim] | None = None,
@@ -226,7 +230,16 @@ class Kernel:
         self.hooks = Hooks.of(parts.autotuner, user_configs, reset_to_zero, restore_value)
         self._prune = _early_prune(parts.autotuner)
         self._space = self._make_space(space, constraints)
-        self._grid, self._make_inputs, self._reference = grid, make_inputs, reference
+        self._grid, self._reference = grid, reference
+        self._call, self._call_inputs = call, call_inputs
+        if call is not None and call_inputs is not None:
+            self._make_inputs: MakeInputs = self._inputs_by_call
+        elif make_inputs is not None and grid is not None:
+            self._make_inputs = make_inputs
+        else:
+            raise InvalidRequest(f"kernel {self.name}: give grid= and make_inputs=, or the "
+                                 "library function that launches it (call=) and its inputs "
+                                 "(call_inputs=)", field="make_inputs")
         self._prepare = prepare
         #: None: the tensor arguments whose name contains "out", found in make_inputs
         self._outputs: list[str] | None = list(outputs) if outputs is not None else None
@@ -305,6 +318,20 @@ class Kernel:
             args["out"] = args[self._outputs[0]]
         return args
 
+    def _inputs_by_call(self, shape: Mapping[str, int], dtype: str, device: str,
+                        seed: int) -> dict[str, Any]:
+        """The kernel's arguments as the library's own launcher passes them (``call`` run on
+        ``call_inputs``, the launch intercepted: ``capture_launch``), its grid under
+        ``_grid``, and the call's inputs under their names where no argument has them."""
+        assert self._call is not None and self._call_inputs is not None
+        given = dict(self._call_inputs(shape, dtype, device, seed))
+        call = self._call
+        seen = capture_launch(self.fn, lambda: call(given))
+        tuned = {p.name for p in self._space.params}  # the configs set these
+        args = {k: v for k, v in seen.args.items() if k not in tuned}
+        return {**{k: v for k, v in given.items() if k not in args}, **args,
+                "_grid": seen.grid}
+
     def compile_inputs(self, shape: Mapping[str, int], dtype: str,
                        device: str) -> dict[str, Any]:
         """Inputs the compile-ahead pool compiles with: the problem's own when they are small,
@@ -348,7 +375,7 @@ class Kernel:
         ``make_inputs`` and ``prepare`` gave, as they are: a size no kernel argument carries
         (rows that only set the grid) is there, and tensors are tensors (Triton's CPU
         interpreter hands a grid pointer values where a GPU launch hands tensors)."""
-        grid = self._grid
+        grid = inputs.get("_grid", self._grid)
         if not callable(grid):
             return grid
         given = {k: v for k, v in inputs.items() if not k.startswith("_")}

@@ -8,12 +8,15 @@ roll back to CPU"). No environment variable and no edit of the library is needed
 Lines each adaptation took (non-blank lines of its ``tuner.Kernel(...)`` call and of the
 make_inputs and reference helpers it uses, as formatted here), and what it exercises:
 
-- ``fla_l2norm_fwd``: ``modules/norm/l2norm.py`` ``l2norm_fwd_kernel``, 16 lines. fla's
+- ``fla_l2norm_fwd``: ``modules/norm/l2norm.py`` ``l2norm_fwd_kernel``, 14 lines (16 when
+  every argument was spelled out): adapted by its launcher, ``l2norm_fwd(x)`` (``call=``). fla's
   ``CachedAutotuner`` (``fla_cache_autotune``); a key of constexprs (``D``, ``NB``);
   ``do_not_specialize=["T"]``; a grid that reads the config (``BT``); 2 outputs.
-- ``fla_layer_norm_fwd``: ``modules/norm/layernorm.py`` ``layer_norm_fwd_kernel``, 21 lines.
+- ``fla_layer_norm_fwd``: ``modules/norm/layernorm.py`` ``layer_norm_fwd_kernel``, 18 lines
+  (21 spelled out), by its launcher ``layer_norm_fwd``.
   Bool constexprs in the key (``HAS_RESIDUAL``, ...); residual in and out; 4 outputs.
-- ``fla_swiglu_fwd``: ``modules/activations/ops.py`` ``swiglu_fwd_kernel``, 12 lines. Inputs
+- ``fla_swiglu_fwd``: ``modules/activations/ops.py`` ``swiglu_fwd_kernel``, 10 lines (12
+  spelled out), by its launcher ``swiglu_fwd``. Inputs
   read through a row stride (the two halves of one tensor, as ``x.chunk(2, -1)`` gives).
 - ``fla_rotary_fwd``: ``modules/rotary/ops.py`` ``rotary_embedding_kernel``, 24 lines. Configs
   without meta-parameters (``triton.Config({}, num_warps=w, num_stages=s)``); a 3-D grid.
@@ -22,9 +25,12 @@ make_inputs and reference helpers it uses, as formatted here), and what it exerc
 - ``fla_grpo_fwd``: ``modules/grpo/ops.py`` ``grpo_fwd_kernel``, 24 lines. A loss over a
   vocabulary (online logsumexp); integer token ids; 2 outputs.
 
-About half of each make_inputs is the library launcher's work spelled out again: every kernel
-argument by name, the constexpr flags (``IS_VARLEN=False``, ``HAS_BIAS=True``, ...), block
-sizes derived from the shape (``BD``, ``NB``) and strides.
+Spelled out (``make_inputs=``, ``grid=``), about half of each make_inputs is the library
+launcher's work again: every kernel argument by name, the constexpr flags (``IS_VARLEN=False``,
+``HAS_BIAS=True``, ...), block sizes derived from the shape (``BD``, ``NB``) and strides. With
+``call=`` (the library's own launcher) and ``call_inputs=`` (its inputs), the launcher says all
+of that itself: its launch is intercepted (``tuner.launching.capture_launch``) and its
+arguments and grid are what the tuner launches with.
 
 On an H100 (torch 2.11, Triton 3.6) each kernel's first config verifies against its reference
 in fp16 and fp32 at its first GPU shape, and its arguments name that problem.
@@ -49,10 +55,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import triton
-from fla.modules.activations.ops import swiglu_fwd_kernel
+from fla.modules.activations.ops import swiglu_fwd, swiglu_fwd_kernel
 from fla.modules.grpo.ops import grpo_fwd_kernel
-from fla.modules.norm.l2norm import l2norm_fwd_kernel
-from fla.modules.norm.layernorm import layer_norm_fwd_kernel
+from fla.modules.norm.l2norm import l2norm_fwd, l2norm_fwd_kernel
+from fla.modules.norm.layernorm import layer_norm_fwd, layer_norm_fwd_kernel
 from fla.modules.rotary.ops import rotary_embedding_kernel
 from fla.ops.cyfa.qk_norm import _qk_rmsnorm_fwd_kernel
 from fla.ops.utils.cumsum import chunk_global_cumsum_scalar_kernel
@@ -70,12 +76,10 @@ _F32 = torch.float32
 
 # -- l2norm: y = x / ||x||, row by row (D <= 512: the library's blocked kernel) ---------------
 
-def _l2norm_inputs(shape: Shape, dtype: str, device: str, seed: int) -> Args:
-    T, D = shape["T"], shape["D"]
-    x = randn(generator(device, seed), T, D, dtype=dtype, device=device)
-    return {"x": x, "y": torch.empty_like(x), "rstd": torch.empty(T, dtype=_F32, device=device),
-            "eps": 1e-6, "T": T, "D": D, "BD": triton.next_power_of_2(D),
-            "NB": triton.cdiv(T, 2048 * 32)}
+def _rows(shape: Shape, dtype: str, device: str, seed: int) -> Args:
+    """[T, D] random rows: what the norms' launchers take."""
+    return {"x": randn(generator(device, seed), shape["T"], shape["D"], dtype=dtype,
+                       device=device)}
 
 
 def _l2norm_reference(a: Args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,10 +89,10 @@ def _l2norm_reference(a: Args) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 L2NORM_FWD = tuner.Kernel(
-    l2norm_fwd_kernel, name="fla_l2norm_fwd", make_inputs=_l2norm_inputs,
-    reference=_l2norm_reference, outputs=["y", "rstd"], output_check=ROWWISE,
-    grid=lambda m: (triton.cdiv(m["T"], m["BT"]),),
-    dims={"T": (1, 1 << 24), "D": (1, 512)}, problem=lambda a: {"T": a["T"], "D": a["D"]},
+    l2norm_fwd_kernel, name="fla_l2norm_fwd", call=lambda a: l2norm_fwd(a["x"]),
+    call_inputs=_rows, reference=_l2norm_reference, outputs=["y", "rstd"],
+    output_check=ROWWISE, dims={"T": (1, 1 << 24), "D": (1, 512)},
+    problem=lambda a: {"T": a["T"], "D": a["D"]},
     bytes=lambda s, dtype: 2 * s["T"] * s["D"] * (4 if dtype == "float32" else 2))
 
 
@@ -98,12 +102,7 @@ def _layer_norm_inputs(shape: Shape, dtype: str, device: str, seed: int) -> Args
     gen, T, D = generator(device, seed), shape["T"], shape["D"]
     x, res = (randn(gen, T, D, dtype=dtype, device=device) for _ in range(2))
     w, b = (randn(gen, D, dtype=dtype, device=device) for _ in range(2))
-    stats = {k: torch.empty(T, dtype=_F32, device=device) for k in ("mean", "rstd")}
-    return {"x": x, "y": torch.empty_like(x), "w": w, "b": b, "res": res,
-            "res_out": torch.empty_like(x), **stats, "eps": 1e-5, "T": T, "G": 1, "D": D,
-            "BD": triton.next_power_of_2(D), "NB": triton.cdiv(T, 2048),
-            "IS_RMS_NORM": False, "HAS_RESIDUAL": True, "STORE_RESIDUAL_OUT": True,
-            "HAS_WEIGHT": True, "HAS_BIAS": True}
+    return {"x": x, "res": res, "w": w, "b": b}
 
 
 def _layer_norm_reference(a: Args) -> tuple[torch.Tensor, ...]:
@@ -114,26 +113,26 @@ def _layer_norm_reference(a: Args) -> tuple[torch.Tensor, ...]:
 
 
 LAYER_NORM_FWD = tuner.Kernel(
-    layer_norm_fwd_kernel, name="fla_layer_norm_fwd", make_inputs=_layer_norm_inputs,
+    layer_norm_fwd_kernel, name="fla_layer_norm_fwd", call_inputs=_layer_norm_inputs,
+    call=lambda a: layer_norm_fwd(a["x"], a["w"], a["b"], residual=a["res"],
+                                  residual_dtype=a["x"].dtype),
     reference=_layer_norm_reference, outputs=["y", "res_out", "mean", "rstd"],
-    output_check=ROWWISE, grid=lambda m: (triton.cdiv(m["T"], m["BT"]),),
-    dims={"T": (1, 1 << 24), "D": (1, 512)}, problem=lambda a: {"T": a["T"], "D": a["D"]},
+    output_check=ROWWISE, dims={"T": (1, 1 << 24), "D": (1, 512)},
+    problem=lambda a: {"T": a["T"], "D": a["D"]},
     bytes=lambda s, dtype: 4 * s["T"] * s["D"] * (4 if dtype == "float32" else 2))
 
 
 # -- SwiGLU, z = silu(x) * y, x and y the two halves of one [N, 2D] tensor -------------------
 
 def _swiglu_inputs(shape: Shape, dtype: str, device: str, seed: int) -> Args:
-    N, D = shape["N"], shape["D"]
-    x, y = randn(generator(device, seed), N, 2 * D, dtype=dtype, device=device).chunk(2, -1)
-    return {"x": x, "y": y, "z": torch.empty(N, D, dtype=x.dtype, device=device),
-            "stride_x_row": 2 * D, "stride_y_row": 2 * D, "stride_z_row": D, "T": N * D, "D": D}
+    x = randn(generator(device, seed), shape["N"], 2 * shape["D"], dtype=dtype, device=device)
+    return dict(zip("xy", x.chunk(2, -1), strict=True))  # two halves of one tensor
 
 
 SWIGLU_FWD = tuner.Kernel(
-    swiglu_fwd_kernel, name="fla_swiglu_fwd", make_inputs=_swiglu_inputs,
-    reference=lambda a: F.silu(a["x"].float()) * a["y"].float(), outputs=["z"],
-    grid=lambda m: (triton.cdiv(m["T"], m["B"]),),
+    swiglu_fwd_kernel, name="fla_swiglu_fwd", call_inputs=_swiglu_inputs,
+    call=lambda a: swiglu_fwd(a["x"], a["y"]), outputs=["z"],
+    reference=lambda a: F.silu(a["x"].float()) * a["y"].float(),
     dims={"N": (1, 1 << 24), "D": (1, 1 << 16)},
     problem=lambda a: {"N": a["T"] // a["D"], "D": a["D"]},
     bytes=lambda s, dtype: 3 * s["N"] * s["D"] * (4 if dtype == "float32" else 2))

@@ -2,8 +2,8 @@
 ``tuner.Kernel``, computes what its torch reference computes with the library's first config,
 passes the conformance suite (``tuner.testing``), and is tuned end to end on the CPU
 interpreter through the engine (a short search in a measuring child process that imports it by
-``kernel.ref``). Kernels whose adaptation is blocked by a defect of this project are expected to
-fail, strictly."""
+``kernel.ref``). A kernel a defect of this project blocks is named in its module's
+docstring, with the defect; none is now."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from tuner.search import SearchOptions, run_search
 MODULES = (fla_kernels, liger_kernels)
 KERNELS: dict[str, Any] = {n: k for m in MODULES for n, k in m.KERNELS.items()}
 SHAPES: dict[str, dict[str, int]] = {n: s for m in MODULES for n, s in m.SHAPES.items()}
-BLOCKED = {n: b for m in MODULES for n, b in m.BLOCKED.items()}
 #: the interpreter computes fp32 right (bf16 tl.dot wrongly)
 DTYPE = "float32"
 #: a search of a few trials: the library's first configs, each verified and timed
@@ -47,7 +46,7 @@ def verify_default(kernel: Any, shape: dict[str, int]) -> str | None:
 
 def test_every_corpus_kernel_has_a_shape_a_gpu_shape_and_a_ref_that_imports_it():
     for module in MODULES:
-        names = set(module.KERNELS) | set(module.BLOCKED)
+        names = set(module.KERNELS)
         assert names <= set(module.SHAPES) and names <= set(module.GPU_SHAPES)
         for kernel in module.KERNELS.values():
             assert load_ref(kernel.ref) is kernel
@@ -80,13 +79,3 @@ def test_a_short_search_on_the_interpreter_finds_a_verified_best(name):
     assert [m.config for m in result.trials] == listed[:TRIALS]
     assert result.best is not None and result.best.ok, result.counts
     assert result.best.max_error is not None  # verified against the reference
-
-
-@pytest.mark.parametrize("blocked", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=BLOCKED[n].reason))
-    for n in sorted(BLOCKED)])
-def test_a_blocked_kernel_is_adapted_once_its_defect_is_fixed(blocked):
-    """Expected to fail (strictly) while the defect stands: a fix shows as XPASS, and the
-    kernel then moves to its module's KERNELS."""
-    kernel = BLOCKED[blocked].build()
-    assert verify_default(kernel, SHAPES[blocked]) is None

@@ -16,8 +16,6 @@ One module per library (``fla_kernels``, ``liger_kernels``), each with:
 - ``SHAPES``: name -> a tiny problem the interpreter runs in seconds;
 - ``GPU_SHAPES``: name -> realistic problems (thousands of tokens, hidden sizes of real models)
   for a benchmark on a GPU;
-- ``BLOCKED``: name -> why a kernel's adaptation does not run yet (a defect of this project,
-  named exactly); the tests expect those kernels to fail, strictly, so a fix shows.
 
 To add a kernel: import the library's autotuned object, write ``make_inputs(shape, dtype,
 device, seed)`` (random tensors, never zeros; the key arguments from the shape) and a torch
@@ -27,20 +25,9 @@ device, seed)`` (random tensors, never zeros; the key arguments from the shape) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-
-@dataclass(frozen=True)
-class Blocked:
-    """A library kernel whose adaptation does not run yet: ``build`` makes it (and may itself
-    fail), ``reason`` names the defect of this project that stops it."""
-
-    build: Callable[[], Any]
-    reason: str
 
 
 def catalogue(module: str, **kernels: Any) -> dict[str, Any]:

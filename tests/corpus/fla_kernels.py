@@ -65,7 +65,7 @@ from fla.ops.utils.cumsum import chunk_global_cumsum_scalar_kernel
 from fla.utils import get_multiprocessor_count
 
 import tuner
-from tests.corpus import Blocked, catalogue, generator, randn
+from tests.corpus import catalogue, generator, randn
 from tuner.kernel import OutputCheck
 
 Args = dict[str, Any]
@@ -254,8 +254,6 @@ KERNELS = catalogue(__name__, L2NORM_FWD=L2NORM_FWD, LAYER_NORM_FWD=LAYER_NORM_F
                     QK_RMSNORM_FWD=QK_RMSNORM_FWD, GRPO_FWD=GRPO_FWD,
                     GLOBAL_CUMSUM=GLOBAL_CUMSUM)
 
-#: none now: the cumsum kernel was blocked until heuristics over the autotuner were unwrapped
-BLOCKED: dict[str, Blocked] = {}
 
 SHAPES: dict[str, Shape] = {
     "fla_l2norm_fwd": {"T": 37, "D": 24},

@@ -51,7 +51,7 @@ from liger_kernel.ops.mlp import (
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import tuner
-from tests.corpus import Blocked, catalogue, generator, randn
+from tests.corpus import catalogue, generator, randn
 from tuner.config import KernelConfig
 
 Args = dict[str, Any]
@@ -197,8 +197,6 @@ KERNELS = catalogue(__name__, SWIGLU_MLP_FWD=SWIGLU_MLP_FWD,
                     SWIGLU_MLP_FWD_INFERENCE=SWIGLU_MLP_FWD_INFERENCE,
                     SWIGLU_MLP_BWD_DI=SWIGLU_MLP_BWD_DI, MOE_UP_PROJ=MOE_UP_PROJ)
 
-#: none now: the MoE kernel was blocked until its grid saw the prepared tensors as tensors
-BLOCKED: dict[str, Blocked] = {}
 
 SHAPES: dict[str, Shape] = {
     "liger_swiglu_mlp_fwd": {"B": 2, "S": 9, "dim": 40, "hidden": 24},

@@ -191,6 +191,9 @@ def _add_service_options(command: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from tuner.backends.child import stacks_on_sigusr1
+
+    stacks_on_sigusr1()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

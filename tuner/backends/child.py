@@ -504,10 +504,19 @@ def _exit_with_group() -> None:
     os._exit(1)
 
 
+def stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every thread's Python stack to stderr: how an operator sees
+    where a stalled worker, measuring child or compile process is (none is stopped by it)."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def child_main(conn: Any, kind: str, device_index: int, parent_pid: int | None = None) -> None:
     """Entry point of the spawned child."""
     os.setpgrp()  # so that the parent can kill us together with any compiler we started
     die_with_parent(parent_pid)
+    stacks_on_sigusr1()
     state = ChildState(kind)
     try:
         from tuner.device import detect_cuda, interpreter_fingerprint, visible_device_for

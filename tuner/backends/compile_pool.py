@@ -55,7 +55,9 @@ def default_pool_size(workers_on_host: int = 1) -> int:
 def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, int],
                dtype: str, device_index: int, parent_pid: int | None = None) -> None:
     os.setpgrp()  # the parent kills a timed-out compile together with the compilers it started
-    from tuner.backends.child import die_with_parent
+    from tuner.backends.child import die_with_parent, stacks_on_sigusr1
+
+    stacks_on_sigusr1()
 
     die_with_parent(parent_pid)  # never outlive the worker (a group of our own would)
     try:

@@ -4,6 +4,7 @@ known-good configs the prior ranks best, and seeding a shape from the nearest st
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +318,32 @@ def test_a_retargeted_pool_drops_the_old_shapes_compiles_and_compiles_the_new_on
     finally:
         pool.close()
     assert [(c.config, c.failure) for c in got] == [(new, None)]
+
+
+def test_a_config_compiling_for_the_old_problem_at_a_retarget_is_compiled_for_the_new():
+    """A worker's pool moves to its next task while a compile of the last one still runs; a
+    new task asking for an equal config must get it compiled again, not wait forever for the
+    old compile, whose result is dropped (seen on an H100: fla's cumsum after a kernel with
+    configs of the same parameters waited 6 minutes without a timeout)."""
+    from tests.fakes.faulty import COMPILE_HANG, KERNEL
+    from tuner.backends.compile_pool import CompilePool
+
+    hang = KernelConfig(MODE=COMPILE_HANG, SLOW=1)
+    pool = CompilePool("interpret", KERNEL.ref, {"N": 1000}, "float32", 1, 3.0)
+    try:
+        pool.submit([hang])
+        deadline = time.monotonic() + 30
+        while pool.queued() and time.monotonic() < deadline:  # dispatched: compiling now
+            time.sleep(0.05)
+        pool.retarget({"N": 500}, "float32")
+        pool.submit([hang])
+        got: list[Any] = []
+        while not got and time.monotonic() < deadline + 30:
+            got += pool.poll(1.0)
+    finally:
+        pool.close()
+    assert [(c.config, c.failure.outcome if c.failure else None) for c in got] == [
+        (hang, Outcome.TIMEOUT)]
 
 
 def test_a_sweep_runs_its_shapes_in_one_child_each_seeded_by_the_one_before(tmp_path):

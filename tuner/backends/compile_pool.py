@@ -209,9 +209,11 @@ class CompilePool:
     def submit(self, configs: Iterable[KernelConfig], first: bool = False) -> None:
         """Queue compiles, in order; ``first``: ahead of everything queued (a batch the GPU
         waits for, before configs compiled ahead), taking back any of them queued already.
-        A config being compiled now is not queued again."""
+        A config being compiled now for this problem is not queued again (one being
+        compiled for the problem before a ``retarget`` is: its result will be dropped)."""
         with self._lock:
-            busy = {s.config for s in self._slots if s.config is not None}
+            busy = {s.config for s in self._slots
+                    if s.config is not None and s.config_generation == self._generation}
             fresh = [c for c in dict.fromkeys(configs) if c not in busy]
             if first:
                 moved = set(fresh)

@@ -168,9 +168,9 @@ def served(kernel: Any) -> Any:
     from tuner.autotuning import Autotuned
     from tuner.launching import unwrap
 
-    lib = kernel.fn
-    spec = kernel.problem_spec
-    return Autotuned(unwrap(lib).runner, lib.configs, list(spec.key), kernel.name, {},
+    parts = unwrap(kernel.fn)  # heuristics layers (over the autotuner, as fla stacks them)
+    spec = kernel.problem_spec  # stay in the runner, under tuner.autotune
+    return Autotuned(parts.runner, parts.autotuner.configs, list(spec.key), kernel.name, {},
                      spec.problem, spec.dtype_arg)
 
 
@@ -182,6 +182,7 @@ def first_launch(arm: str, url: str) -> dict[str, Any]:
     import torch
 
     import tuner
+    from tuner.launching import unwrap
     from tuner.user_kernel import config_from_triton
 
     torch.ones(1, device="cuda").sum().item()  # the CUDA context: in neither arm
@@ -203,12 +204,12 @@ def first_launch(arm: str, url: str) -> dict[str, Any]:
                 problem = launcher.problem(inputs)
                 config = (launcher.config_for(problem) if problem else None) or kernel.configs[0]
                 args = kernel._launch_args(config, inputs)
-            launcher[kernel._grid](**args)
+            launcher[inputs.get("_grid", kernel._grid)](**args)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
             source, pick = "library autotune", None
             if arm == "library":
-                pick = config_from_triton(launcher.best_config).to_dict()
+                pick = config_from_triton(unwrap(launcher).autotuner.best_config).to_dict()
             if arm == "tuner":
                 problem = launcher.problem({**inputs, **args})
                 source = launcher.sources.get(problem, "?") if problem else "?"
@@ -222,13 +223,14 @@ def _library_pick(kernel: Any, inputs: dict[str, Any], picked: dict[str, Any] | 
     """The config the library's autotuner picked in the first-launch run (``picked``), else
     the one it picks on these inputs, found as it finds it."""
     from tuner.config import KernelConfig
+    from tuner.launching import unwrap
     from tuner.user_kernel import config_from_triton
 
     if picked:
         return KernelConfig(picked)
     lib = kernel.fn
-    lib[kernel._grid](**_launch_args(kernel, inputs))
-    return config_from_triton(lib.best_config)
+    lib[inputs.get("_grid", kernel._grid)](**_launch_args(kernel, inputs))
+    return config_from_triton(unwrap(lib).autotuner.best_config)
 
 
 def kernel_times(url: str, picks_file: str | None = None) -> dict[str, Any]:

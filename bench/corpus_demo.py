@@ -165,13 +165,19 @@ def tune_rows(db_url: str) -> dict[str, Any]:
 def served(kernel: Any) -> Any:
     """The library's jit function under ``tuner.autotune``, as a user adopting the service
     would decorate it: the kernel's name, list, key, problem and dtype argument."""
-    from tuner.autotuning import Autotuned
-    from tuner.launching import unwrap
+    from triton.runtime.autotuner import Heuristics
 
-    parts = unwrap(kernel.fn)  # heuristics layers (over the autotuner, as fla stacks them)
-    spec = kernel.problem_spec  # stay in the runner, under tuner.autotune
-    return Autotuned(parts.runner, parts.autotuner.configs, list(spec.key), kernel.name, {},
-                     spec.problem, spec.dtype_arg)
+    from tuner.autotuning import Autotuned
+    from tuner.launching import Chain, unwrap
+
+    parts = unwrap(kernel.fn)
+    spec = kernel.problem_spec
+    decorated: Any = Autotuned(parts.jit, parts.autotuner.configs, list(spec.key),
+                               kernel.name, {}, spec.problem, spec.dtype_arg)
+    layers = parts.runner.heuristics if isinstance(parts.runner, Chain) else ()
+    for layer in reversed(layers):  # heuristics stacked over it, as the library stacks them
+        decorated = Heuristics(decorated, layer.arg_names, layer.values)
+    return decorated
 
 
 def _launch_args(kernel: Any, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -201,8 +207,9 @@ def first_launch(arm: str, url: str) -> dict[str, Any]:
             t0 = time.perf_counter()
             args = _launch_args(kernel, inputs)
             if prepared:  # the launcher pads the inputs to the config it is served
-                problem = launcher.problem(inputs)
-                config = (launcher.config_for(problem) if problem else None) or kernel.configs[0]
+                problem = unwrap(launcher).autotuner.problem(inputs)
+                config = (unwrap(launcher).autotuner.config_for(problem) if problem else None
+                          ) or kernel.configs[0]
                 args = kernel._launch_args(config, inputs)
             launcher[inputs.get("_grid", kernel._grid)](**args)
             torch.cuda.synchronize()
@@ -211,8 +218,9 @@ def first_launch(arm: str, url: str) -> dict[str, Any]:
             if arm == "library":
                 pick = config_from_triton(unwrap(launcher).autotuner.best_config).to_dict()
             if arm == "tuner":
-                problem = launcher.problem({**inputs, **args})
-                source = launcher.sources.get(problem, "?") if problem else "?"
+                decorated = unwrap(launcher).autotuner  # the Autotuned under any heuristics
+                problem = decorated.problem({**inputs, **args})
+                source = decorated.sources.get(problem, "?") if problem else "?"
             rows.append({"kernel": name, "shape": shape, "first_launch_s": seconds,
                          "source": source, "library_config": pick})
             print(f"{arm} {name} {shape}: {seconds * 1e3:.1f} ms ({source})", flush=True)

@@ -27,12 +27,13 @@ import importlib
 import json
 import os
 import pkgutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.plugin_demo import gpu_state
 
 TRIALS = 48
 ROUNDS = 5
@@ -280,16 +281,6 @@ def kernel_times(url: str, picks_file: str | None = None) -> dict[str, Any]:
             rows.append(row)
             print(json.dumps(row), flush=True)
     return {"rows": rows, "gpu": gpu_state()}
-
-
-def gpu_state() -> str:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu",
-             "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-        return out.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def _shape(s: dict[str, int]) -> str:

@@ -43,6 +43,17 @@ def verify(kernel: Any, config: KernelConfig, shape: dict[str, int],
     return _verify(state, config, kernel.make_inputs(shape, dtype, "cpu", seed))
 
 
+def search(kernel: Any, shape: dict[str, int], trials: int, **options: Any) -> Any:
+    """A search on the interpreter through the real measuring child, the user's whole list
+    passed as the worker passes it."""
+    backend = open_backend("interpret", kernel, shape, "float32")
+    try:
+        return run_search(kernel, shape, "float32", backend, SearchOptions(
+            trials=trials, listed=kernel.listed_configs(shape, "float32"), **options))
+    finally:
+        backend.close()
+
+
 @pytest.fixture
 def served_from(tmp_path: Path) -> Iterator[Any]:
     """Serve configs from an exported file (the first source a launch asks)."""
@@ -76,13 +87,7 @@ def test_the_reference_sees_values_make_inputs_returned_beyond_the_kernels_argum
 
 def test_a_kernel_with_config_dependent_inputs_is_tuned_end_to_end():
     shape = {"T": 7, "D": 5}
-    backend = open_backend("interpret", uk.PADDED, shape, "float32")
-    try:
-        result = run_search(uk.PADDED, shape, "float32", backend,
-                            SearchOptions(trials=4, strategy="random", retime_rounds=1,
-                                          listed=uk.PADDED.listed_configs(shape, "float32")))
-    finally:
-        backend.close()
+    result = search(uk.PADDED, shape, 4, strategy="random", retime_rounds=1)
     assert result.best is not None and result.best.ok
     assert all(m.ok for m in result.trials), [m.error for m in result.trials]
 
@@ -140,13 +145,7 @@ def test_restore_value_starts_every_launch_from_the_inputs_as_made():
 
 def test_configs_the_kernels_prune_rules_out_are_pruned_not_crashed():
     shape = {"N": 20}
-    backend = open_backend("interpret", uk.NEGATE, shape, "float32")
-    try:
-        result = run_search(uk.NEGATE, shape, "float32", backend,
-                            SearchOptions(trials=1, retime_rounds=0,
-                                          listed=uk.NEGATE.listed_configs(shape, "float32")))
-    finally:
-        backend.close()
+    result = search(uk.NEGATE, shape, 1, retime_rounds=0)
     outcomes = {m.config["BLOCK"]: m.outcome.value for m in result.trials}
     assert outcomes == {8: "ok", 16: "ok", 32: "pruned", 64: "pruned"}
 
@@ -197,12 +196,7 @@ def test_every_config_of_the_users_list_is_measured_beyond_a_smaller_budget():
     shape = {"N": 24}
     listed = uk.LISTED.listed_configs(shape, "float32")
     assert len(listed) == 6
-    backend = open_backend("interpret", uk.LISTED, shape, "float32")
-    try:
-        result = run_search(uk.LISTED, shape, "float32", backend,
-                            SearchOptions(trials=3, retime_rounds=1, listed=listed))
-    finally:
-        backend.close()
+    result = search(uk.LISTED, shape, 3, retime_rounds=1)
     measured = {m.config for m in result.trials}
     assert set(listed) <= measured
     fastest_listed = min((m for m in result.trials if m.config in set(listed)),
@@ -314,12 +308,6 @@ def test_capturing_a_launch_runs_nothing_and_leaves_the_kernel_as_it_was():
 
 def test_a_kernel_adapted_by_its_launcher_is_tuned_end_to_end():
     shape = {"N": 30}
-    backend = open_backend("interpret", uk.BY_CALL, shape, "float32")
-    try:
-        result = run_search(uk.BY_CALL, shape, "float32", backend,
-                            SearchOptions(trials=2, retime_rounds=1,
-                                          listed=uk.BY_CALL.listed_configs(shape, "float32")))
-    finally:
-        backend.close()
+    result = search(uk.BY_CALL, shape, 2, retime_rounds=1)
     assert result.best is not None and result.best.ok
     assert all(m.ok for m in result.trials)

@@ -38,13 +38,20 @@ def is_sqlite(url: str) -> bool:
     return make_url(normalise_url(url)).get_backend_name() == "sqlite"
 
 
+#: the ``application_name`` of the service's PostgreSQL connections (``pg_stat_activity``
+#: tells them from an operator's psql sessions by it)
+APPLICATION_NAME = "tuner"
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``. SQLite: the file's folder is created, every connection runs in
     WAL mode with a 30 s busy timeout and foreign keys on, and connections may cross threads.
-    PostgreSQL (psycopg 3): connections are checked before use (``pool_pre_ping``)."""
+    PostgreSQL (psycopg 3): connections are checked before use (``pool_pre_ping``) and named
+    ``APPLICATION_NAME``."""
     url = normalise_url(url)
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True,
+                             connect_args={"application_name": APPLICATION_NAME})
     database = make_url(url).database
     in_memory = database in (None, "", ":memory:")
     if not in_memory:

@@ -157,6 +157,10 @@ class Task(Base):
     status: Mapped[str] = mapped_column(String(20), index=True, default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    #: times the task went back to the queue for a fault not its own (its lease expired: the
+    #: worker died or lost the database); these use no attempt (``repo.MAX_REQUEUES`` bounds
+    #: them)
+    requeues: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     lease_owner: Mapped[str | None] = mapped_column(String(100))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: the device that ran it

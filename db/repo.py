@@ -641,47 +641,90 @@ def renew_lease(session: Session, task_id: int, worker_id: str, lease_seconds: f
         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
 
 
-def release_task(session: Session, task_id: int, worker_id: str) -> bool:
-    """Give a running task back to the queue because its worker is shutting down cleanly. The
-    attempt is not counted (nothing went wrong) and the stored trials stay, so the next worker
-    resumes the search. False when the task is no longer this worker's."""
+def release_task(session: Session, task_id: int, worker_id: str, why: str | None = None) -> bool:
+    """Give a running task back to the queue: its worker is shutting down cleanly, or (``why``,
+    a sentence kept as the task's error until its next claim) could not reach the database.
+    The attempt is not counted (the task did nothing wrong; ``why`` counts a requeue) and the
+    stored trials stay, so the next worker resumes the search. False when the task is no
+    longer this worker's."""
+    fault = dict(requeues=Task.requeues + 1, error=why) if why else {}
     return _changed_row(session, Task, task_id, update(Task).where(
         Task.id == task_id, Task.lease_owner == worker_id, Task.status == "running")
         # the claim counted this attempt (attempts >= 1 while leased)
         .values(status="queued", lease_owner=None, lease_expires_at=None,
-                attempts=Task.attempts - 1))
+                attempts=Task.attempts - 1, **fault))
+
+
+#: times a task may go back to the queue for faults not its own before it fails: far above
+#: ``max_attempts`` (3), as a worker killed or cut off from the database is no fault of the
+#: task's; the bound ends a task that kills every worker that runs it (a leak, a hang)
+MAX_REQUEUES = 20
 
 
 def reap_expired(session: Session, now: datetime | None = None) -> int:
-    """Running tasks whose lease expired before ``now`` (their worker died or hung) go back to
-    the queue while they have attempts left, else fail with an error saying how many times
-    the lease expired (and their job settles). Returns how many tasks changed. Tasks are
-    written first (by id), then jobs settled (by id): holding a job's lock while waiting for
-    one of its tasks would deadlock with that task's worker finishing it."""
+    """Running tasks whose lease expired before ``now`` (their worker died, hung or lost the
+    database) go back to the queue without using an attempt (the task did nothing wrong),
+    counted in ``requeues``; a task requeued ``MAX_REQUEUES`` times fails instead, keeping its
+    fastest verified trial as the stored best (``keep_best_of_given_up``), and its job
+    settles. Returns how many tasks changed. Tasks are written first (by id), then jobs
+    settled (by id): holding a job's lock while waiting for one of its tasks would deadlock
+    with that task's worker finishing it."""
     now = now or utcnow()
-    expired = session.execute(select(Task.id, Task.job_id, Task.attempts, Task.max_attempts)
+    expired = session.execute(select(Task.id, Task.job_id, Task.requeues)
                               .where(Task.status == "running",
                                      Task.lease_expires_at.is_not(None),
                                      Task.lease_expires_at < now).order_by(Task.id)).all()
     changed = 0
-    failed_jobs: set[str] = set()
+    failed: list[tuple[int, str]] = []
     for task in expired:
         guard = update(Task).where(Task.id == task.id, Task.status == "running",
                                    Task.lease_expires_at < now,
-                                   Task.attempts == task.attempts)
+                                   Task.requeues == task.requeues)
         released = dict(lease_owner=None, lease_expires_at=None)
-        if task.attempts < task.max_attempts:
-            changed += _changed_row(session, Task, task.id,
-                                    guard.values(status="queued", **released))
+        if task.requeues + 1 < MAX_REQUEUES:
+            changed += _changed_row(session, Task, task.id, guard.values(
+                status="queued", attempts=Task.attempts - 1, requeues=Task.requeues + 1,
+                **released))
         elif _changed_row(session, Task, task.id, guard.values(
-                status="failed", finished_at=now, **released,
-                error=f"the worker's lease expired {task.attempts} times "
-                      f"(max_attempts={task.max_attempts}); giving up")):
+                status="failed", finished_at=now, requeues=Task.requeues + 1, **released,
+                error=f"the worker's lease expired {task.requeues + 1} times "
+                      f"(at most {MAX_REQUEUES}: every worker that ran it died or lost the "
+                      "database); giving up")):
             changed += 1
-            failed_jobs.add(task.job_id)
-    for job_id in sorted(failed_jobs):
+            failed.append((task.id, task.job_id))
+    for task_id, _job_id in failed:
+        keep_best_of_given_up(session, task_id)
+    for job_id in sorted({job_id for _task_id, job_id in failed}):
         _settle_job(session, job_id)
     return changed
+
+
+def keep_best_of_given_up(session: Session, task_id: int) -> bool:
+    """A task that failed for good keeps its fastest verified trial: stored as the best of its
+    identity where none is stored (trial times from one run are no yardstick against a stored
+    best timed elsewhere, so one is never replaced), and noted in the task. True when stored."""
+    task = get_task(session, task_id)
+    fastest = session.scalar(select(Trial).where(Trial.task_id == task_id, Trial.outcome == "ok",
+                                                 Trial.p50_ms.is_not(None))
+                             .order_by(Trial.p50_ms, Trial.number).limit(1))
+    device = get_device(session, task.device_key) if task.device_key else None
+    if fastest is None or device is None or fastest.p50_ms is None:
+        return False
+    job = task.job
+    p50 = fastest.p50_ms
+    _row, written = write_best(
+        session, device_key=device.key, kernel=job.kernel, kernel_version=job.kernel_version,
+        dtype=job.dtype, shape=task.shape, triton_version=device.triton_version or "",
+        times=BestTimes(fastest.config, fastest.p20_ms or p50, p50, fastest.p80_ms or p50,
+                        measured="trial"),
+        revision=None, torch_version=device.torch_version, cuda_version=device.cuda_version,
+        task_id=task_id)
+    note = (f"the task gave up: stored its fastest verified trial ({p50:.4f} ms, trial "
+            f"{fastest.number} of {task.trials_done}) as the best" if written else
+            "the task gave up: a best was already stored for this identity; it stands")
+    _changed_row(session, Task, task_id, update(Task).where(Task.id == task_id).values(
+        best_ms=p50, best_config=dict(fastest.config), best_measured="trial", best_note=note))
+    return written
 
 
 #: statuses a worker may finish a task with; "lost" means "not mine any more: change nothing"
@@ -704,6 +747,8 @@ def finish_task(session: Session, task_id: int, status: str, error: str | None =
         guard = guard.where(Task.lease_owner == worker_id)
     if _changed(session, guard.values(status=status, error=error, finished_at=utcnow(),
                                       lease_owner=None, lease_expires_at=None)):
+        if status == "failed":  # given up for good: what it verified is not thrown away
+            keep_best_of_given_up(session, task_id)
         _settle_job(session, task.job_id)
     _reloaded_job(session, task.job_id)
     return task
@@ -829,6 +874,13 @@ def _counted_outcome(session: Session, outcome: str) -> ColumnElement[Any]:
         added = func.jsonb_build_object(sql_cast(literal(outcome), Text), count)
         return sql_cast(sql_cast(Task.outcome_counts, postgresql.JSONB).op("||")(added), JSON)
     return func.json_set(Task.outcome_counts, f'$."{outcome}"', count)
+
+
+def has_trial(session: Session, task_id: int, number: int) -> bool:
+    """Whether trial ``number`` of the task is stored (a write retried after its commit may
+    have landed)."""
+    return session.scalar(select(Trial.id).where(Trial.task_id == task_id,
+                                                 Trial.number == number)) is not None
 
 
 def trials_for_task(session: Session, task_id: int) -> list[Trial]:

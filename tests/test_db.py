@@ -67,7 +67,7 @@ def test_migrations_create_every_table_on_an_empty_sqlite_file_in_wal_mode(tmp_p
     assert {"devices", "jobs", "tasks", "trials", "best_configs", "misses", "workers",
             "alembic_version"} <= tables
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]
+    assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0005",)]
 
 
 def test_sqlite_connections_wait_for_writers_and_enforce_foreign_keys(tmp_path: Path):
@@ -97,7 +97,7 @@ def test_processes_starting_at_once_migrate_an_empty_database_once(any_db_url: s
     upgrade(any_db_url)  # and once more: nothing to do
     engine = make_engine(any_db_url)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0004",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0005",)]
     engine.dispose()
 
 
@@ -331,30 +331,63 @@ def test_an_expired_lease_puts_the_task_back_in_the_queue(any_db_url: str):
         s.commit()
         s.refresh(dead)
         s.refresh(alive)
-        assert (dead.status, dead.attempts, dead.lease_owner) == ("queued", 1, None)
+        # the worker's death is no fault of the task's: no attempt used, one requeue counted
+        assert (dead.status, dead.attempts, dead.requeues, dead.lease_owner) == (
+            "queued", 0, 1, None)
         assert (alive.status, alive.lease_owner) == ("running", "alive")
         assert not repo.renew_lease(s, dead.id, "dead", 60)
         again = claim(s, "next")
-        assert again.id == dead.id and again.attempts == 2
+        assert again.id == dead.id and again.attempts == 1
         assert repo.reap_expired(s) == 0
 
 
-def test_a_task_whose_lease_expires_every_attempt_fails(any_db_url: str):
+def test_lease_expiries_use_no_attempt_and_the_task_succeeds_afterwards(any_db_url: str):
     factory = init_db(any_db_url)
     with factory() as s:
         job_id = new_job(s).id
         s.commit()
-        for attempt in range(1, 4):
-            task = claim(s, f"w{attempt}", lease_seconds=1)
-            assert task is not None and task.attempts == attempt
+        for expiry in range(1, 5):  # more expiries than max_attempts (3)
+            task = claim(s, f"w{expiry}", lease_seconds=1)
+            assert task is not None and task.attempts == 1
+            assert repo.reap_expired(s, now=utcnow() + timedelta(seconds=5)) == 1
+            s.commit()
+        task = claim(s, "w5")
+        assert task is not None and (task.attempts, task.requeues) == (1, 4)
+        repo.finish_task(s, task.id, "succeeded", worker_id="w5")
+        s.commit()
+        assert repo.get_job(s, job_id).status == "succeeded"
+
+
+def test_a_task_requeued_max_requeues_times_fails_and_keeps_its_fastest_verified_trial(
+        any_db_url: str):
+    factory = init_db(any_db_url)
+    with factory() as s:
+        repo.upsert_device(s, {"key": H200, "kind": "cuda", "name": "NVIDIA H200",
+                               "triton_version": "3.6.0"})
+        job_id = new_job(s).id
+        s.commit()
+        for expiry in range(1, repo.MAX_REQUEUES + 1):
+            task = claim(s, f"w{expiry}", lease_seconds=1)
+            if expiry == 1:
+                repo.set_task_device(s, task.id, H200)
+                for number, (block, ms) in enumerate([(16, 2.0), (32, 1.5), (64, 0.5)], 1):
+                    repo.record_trial(s, task.id, number, {
+                        "config": {"BLOCK_M": block}, "p50_ms": ms,
+                        "outcome": "ok" if block != 64 else "wrong_result"})
             assert repo.reap_expired(s, now=utcnow() + timedelta(seconds=5)) == 1
             s.commit()
         assert claim(s) is None
         job = repo.get_job(s, job_id)
         s.refresh(job)
         [task] = job.tasks
-        assert task.status == "failed" and "expired 3 times" in (task.error or "")
-        assert job.status == "failed" and "expired 3 times" in (job.error or "")
+        assert task.status == "failed" and task.requeues == repo.MAX_REQUEUES
+        assert f"expired {repo.MAX_REQUEUES} times" in (task.error or "")
+        assert job.status == "failed" and "expired" in (job.error or "")
+        [best] = repo.list_best(s, kernel="matmul")
+        assert (best.config, best.p50_ms, best.measured, best.task_id) == (
+            {"BLOCK_M": 32}, 1.5, "trial", task.id)
+        assert best.device_key == H200 and best.triton_version == "3.6.0"
+        assert "gave up" in (task.best_note or "")
 
 
 # -- finishing --------------------------------------------------------------------------------

@@ -142,13 +142,14 @@ def test_the_last_two_tasks_finished_in_overlapping_transactions_settle_the_job(
     assert job_status(factory, job.id) == "succeeded"
 
 
-def test_a_reaped_last_attempt_and_a_finish_in_overlapping_transactions_settle_the_job(
+def test_a_reaped_last_requeue_and_a_finish_in_overlapping_transactions_settle_the_job(
         any_db_url):
     factory = init_db(any_db_url)
     job = new_job(factory)
     dying, finished = claim(factory, "dying", lease_seconds=1), claim(factory, "w2")
     with factory() as s:
-        s.execute(update(Task).where(Task.id == dying.id).values(max_attempts=1))
+        s.execute(update(Task).where(Task.id == dying.id)
+                  .values(requeues=repo.MAX_REQUEUES - 1))
         s.commit()
 
     def reap(s: Session) -> None:

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=60.0, gt=1)
     #: seconds between reaper passes (re-queueing tasks whose lease expired)
     reap_interval_seconds: float = Field(default=15.0, gt=0)
+    #: seconds a worker retries a database write that failed transiently (a dropped
+    #: connection, a lock held past SQLite's busy timeout) before it re-queues its task
+    db_retry_seconds: float = Field(default=60.0, ge=0)
     #: workers ``tuner serve`` starts: -1 = one per local GPU (or one interpreter worker)
     workers: int = -1
     #: backend of the workers ``tuner serve`` starts

@@ -17,11 +17,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import repo
+from db.transient import StoreUnavailable, backoff_delays, describe, retry_transient
 from search_spaces import get_kernel
 from tuner.backends import TimingOptions, open_backend
 from tuner.backends.replay import ReplayTable
@@ -43,6 +44,7 @@ from tuner.shapes import shape_distance, shape_key
 log = logging.getLogger(__name__)
 
 SessionFactory = sessionmaker[Session]
+T = TypeVar("T")
 #: the error of a task whose run was interrupted (Ctrl-C or SIGTERM of ``tuner tune``)
 INTERRUPTED = "interrupted"
 #: how often (seconds) a running search checks whether its job was cancelled
@@ -52,6 +54,8 @@ CANCEL_POLL_S = 2.0
 @dataclass
 class TaskOutcome:
     task_id: int
+    #: the task's end: succeeded, failed, cancelled; ``lost`` (another worker's now) or
+    #: ``requeued`` (the database stayed unreachable: given back to the queue)
     status: str
     result: SearchResult | None
     device_key: str | None
@@ -158,20 +162,26 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
     returns False when the task is no longer ours (then the search stops). With ``worker_id``
     (the lease owner: the worker's id, ``"cli"`` for ``tuner tune``) every write is made only
     while the task is still that worker's: once it is not (reaped and re-queued, claimed by
-    another worker, cancelled), the search stops and the task ends ``lost``, writing nothing."""
-    with factory() as session:
-        task = repo.get_task(session, task_id)
-        job = task.job
-        kernel = get_kernel(job.kernel)
-        shape, dtype = dict(task.shape), job.dtype
-        resume = [_measurement_of(t) for t in repo.trials_for_task(session, task_id)]
-        settings = Settings()
-        options_base = dict(trials=job.budget_trials, seed=job.seed, strategy=job.strategy,
-                            time_budget_s=job.budget_seconds,
-                            patience=settings.patience or None,
-                            roofline_stop=settings.roofline_stop or None,
-                            stop_chance=settings.stop_chance or None)
-        job_id = job.id
+    another worker, cancelled), the search stops and the task ends ``lost``, writing nothing.
+    Every database access is retried while it fails transiently (``TUNER_DB_RETRY_SECONDS``);
+    past that the task is re-queued (``requeued``), never failed: its trials are sound."""
+    settings = Settings()
+    run = _Run(factory, task_id, worker_id, backoff_delays(settings.db_retry_seconds))
+    try:
+        return _execute(run, backend_kind, replay_table, device_index, timing, on_trial,
+                        heartbeat, compile_workers, backend, keeper, settings)
+    except StoreUnavailable as exc:
+        return _requeue(run, f"{exc}; the task was requeued")
+
+
+def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
+             device_index: int, timing: TimingOptions | None,
+             on_trial: Callable[[int, Measurement], None] | None,
+             heartbeat: Callable[[], bool] | None, compile_workers: int | None,
+             backend: Any, keeper: BackendKeeper | None, settings: Settings) -> TaskOutcome:
+    task_id = run.task_id
+    job_id, kernel, shape, dtype, resume, options_base = run.store(
+        "reading the task", lambda: _read_task(run, settings))
     shared = backend is not None
     kept = keeper is not None and not shared and backend_kind != "replay"
     seed = job_seed(options_base)
@@ -191,9 +201,8 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                                    device_index=device_index, timing=timing,
                                    compile_workers=compile_workers)
         try:
-            outcome = _run_with_backend(_Run(factory, task_id, worker_id), job_id, kernel,
-                                        shape, dtype, backend, options_base, resume, on_trial,
-                                        heartbeat)
+            outcome = _run_with_backend(run, job_id, kernel, shape, dtype, backend,
+                                        options_base, resume, on_trial, heartbeat)
             clean = True
             return outcome
         finally:
@@ -203,19 +212,36 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
             elif not shared:
                 backend.close()
     except repo.LeaseLost as exc:
-        return _lost(factory, task_id, str(exc))
+        return _lost(run, str(exc))
+    except StoreUnavailable:  # not the task's fault: ``execute_task`` re-queues it
+        raise
     except TunerError as exc:
-        return _finish(factory, task_id, "failed", None, None, False, str(exc), worker_id)
+        return _finish(run, "failed", None, None, False, str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever broke, the task must not stay running
         if interrupted_by(exc):  # an interrupt a library turned into its own error
-            _finish(factory, task_id, "cancelled", None, None, False, INTERRUPTED, worker_id)
+            _finish(run, "cancelled", None, None, False, INTERRUPTED)
             raise KeyboardInterrupt from exc
         log.exception("task %s failed unexpectedly", task_id)
-        return _finish(factory, task_id, "failed", None, None, False,
-                       f"{type(exc).__name__}: {exc}", worker_id)
+        # a database error's text is its SQL statement and parameters: a sentence instead
+        return _finish(run, "failed", None, None, False, describe(exc, "running the task"))
     except KeyboardInterrupt:  # outside the search loop (which ends as "interrupted" itself)
-        _finish(factory, task_id, "cancelled", None, None, False, INTERRUPTED, worker_id)
+        _finish(run, "cancelled", None, None, False, INTERRUPTED)
         raise
+
+
+def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[str, int], str,
+                                                     list[Measurement], dict[str, Any]]:
+    """The task's job, kernel, problem, stored trials (to resume from) and search options."""
+    with run.factory() as session:
+        task = repo.get_task(session, run.task_id)
+        job = task.job
+        resume = [_measurement_of(t) for t in repo.trials_for_task(session, run.task_id)]
+        options_base = dict(trials=job.budget_trials, seed=job.seed, strategy=job.strategy,
+                            time_budget_s=job.budget_seconds,
+                            patience=settings.patience or None,
+                            roofline_stop=settings.roofline_stop or None,
+                            stop_chance=settings.stop_chance or None)
+        return job.id, get_kernel(job.kernel), dict(task.shape), job.dtype, resume, options_base
 
 
 def job_seed(options: dict[str, Any]) -> int:
@@ -224,23 +250,27 @@ def job_seed(options: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class _Run:
-    """Where a task's results go: the store, the task, and the lease owner writing them."""
+    """Where a task's results go: the store, the task, the lease owner writing them, and the
+    waits between tries of a write that failed transiently (``db.transient``)."""
 
     factory: SessionFactory
     task_id: int
     worker_id: str | None
+    delays: tuple[float, ...] = ()
+
+    def store(self, doing: str, work: Callable[[], T]) -> T:
+        """``work()`` (which opens its own session), retried while the database fails
+        transiently; ``StoreUnavailable`` once the retry window is spent."""
+        return retry_transient(doing, work, self.delays)
 
 
-def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
-                      shape: dict[str, int], dtype: str, backend: Any,
-                      options_base: dict[str, Any], resume: list[Measurement],
-                      on_trial: Callable[[int, Measurement], None] | None,
-                      heartbeat: Callable[[], bool] | None) -> TaskOutcome:
-    factory, task_id = run.factory, run.task_id
-    fp = backend.fingerprint
-    with factory() as session:
+def _setup(run: _Run, kernel: TunableKernel, fp: Any, dtype: str, shape: dict[str, int],
+           backend: Any) -> tuple[Any, list[KernelConfig], Any, StoredBest | None]:
+    """Register the device and read what the search starts from: the space the backend can
+    run, warm-start configs, the roofline and the stored best of this identity."""
+    with run.factory() as session:
         repo.upsert_device(session, fp.to_dict())
-        repo.set_task_device(session, task_id, fp.key)
+        repo.set_task_device(session, run.task_id, fp.key)
         space = backend.restrict(kernel.space())
         warm = warm_start_configs(session, kernel, fp.key, dtype, shape, space)
         device = repo.get_device(session, fp.key)
@@ -248,15 +278,42 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                         device.matmul_tflops) if device else None
         stored = stored_best(session, kernel, fp, dtype, shape)
         session.commit()
-    stop = _StopCheck(factory, job_id, task_id, heartbeat)
+    return space, warm, roof, stored
 
+
+def _trial_recorder(run: _Run, on_trial: Callable[[int, Measurement], None] | None
+                    ) -> Callable[[int, Measurement], None]:
+    """The search's ``on_trial``: store each trial as it is measured (``LeaseLost``: not ours
+    any more; the search stops), retried while the database fails transiently."""
     def record(number: int, m: Measurement) -> None:
-        with factory() as session:  # LeaseLost: not ours any more; the search stops
-            repo.record_trial(session, task_id, number, m.to_dict(), worker_id=run.worker_id)
-            session.commit()
+        tries = 0
+
+        def write() -> None:
+            nonlocal tries
+            tries += 1
+            with run.factory() as session:
+                # a retry after a commit whose answer was lost: the trial is stored already
+                if tries > 1 and repo.has_trial(session, run.task_id, number):
+                    return
+                repo.record_trial(session, run.task_id, number, m.to_dict(),
+                                  worker_id=run.worker_id)
+                session.commit()
+
+        run.store(f"storing trial {number}", write)
         if on_trial is not None:
             on_trial(number, m)
+    return record
 
+
+def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
+                      shape: dict[str, int], dtype: str, backend: Any,
+                      options_base: dict[str, Any], resume: list[Measurement],
+                      on_trial: Callable[[int, Measurement], None] | None,
+                      heartbeat: Callable[[], bool] | None) -> TaskOutcome:
+    fp = backend.fingerprint
+    space, warm, roof, stored = run.store(
+        "registering the device", lambda: _setup(run, kernel, fp, dtype, shape, backend))
+    stop = _StopCheck(run, job_id, heartbeat)
     incumbent = stored.config if stored is not None and space.contains(stored.config) else None
     # a compute-bound problem's ceiling is the vendor GEMM's measured speed, which a tuned
     # kernel can pass (8192^3 bf16 on the H200: a stream_k config 3% faster than the config
@@ -270,23 +327,20 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                                                  if roof and roof.bound == "compute" else 0),
                             incumbent=incumbent)
     try:
-        result = run_search(kernel, shape, dtype, backend, options, on_trial=record,
-                            should_stop=stop)
+        result = run_search(kernel, shape, dtype, backend, options,
+                            on_trial=_trial_recorder(run, on_trial), should_stop=stop)
     except WorkerDied as exc:
-        return _finish(factory, task_id, "failed", None, fp.key, False, str(exc),
-                       run.worker_id)
+        return _finish(run, "failed", None, fp.key, False, str(exc))
     if result.stop_reason == "cancelled":
-        return _finish(factory, task_id, stop.status, result, fp.key, False, None,
-                       run.worker_id)
+        return _finish(run, stop.status, result, fp.key, False, None)
     if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
         written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
-        return _finish(factory, task_id, "cancelled", result, fp.key, written,
-                       f"{INTERRUPTED} after {len(result.trials)} trial(s)", run.worker_id,
-                       note)
+        return _finish(run, "cancelled", result, fp.key, written,
+                       f"{INTERRUPTED} after {len(result.trials)} trial(s)", note)
     written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
     error = None if result.best else _no_best_reason(result)
-    return _finish(factory, task_id, "succeeded" if result.best else "failed", result, fp.key,
-                   written, error, run.worker_id, note)
+    return _finish(run, "succeeded" if result.best else "failed", result, fp.key, written,
+                   error, note)
 
 
 def _no_best_reason(result: SearchResult) -> str:
@@ -393,8 +447,19 @@ def _store_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dtype: 
     best = result.best
     if best is None or best.p50_ms is None:
         return False, None
-    incumbent, baseline = result.incumbent, result.baseline
-    decision = decide_best(best, stored, incumbent, _noise_margin(best, incumbent))
+    decision = decide_best(best, stored, result.incumbent,
+                           _noise_margin(best, result.incumbent))
+    return run.store("storing the best config",
+                     lambda: _write_task_best(run, kernel, shape, dtype, fp, result, stored,
+                                              decision))
+
+
+def _write_task_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dtype: str,
+                     fp: Any, result: SearchResult, stored: StoredBest | None,
+                     decision: BestDecision) -> tuple[bool, str | None]:
+    """``_store_best``'s one transaction (tried again whole when it fails transiently)."""
+    best, incumbent, baseline = result.best, result.incumbent, result.baseline
+    assert best is not None and best.p50_ms is not None
     with run.factory() as session:
         written = decision.write is not None and _write_best(
             session, run, kernel, shape, dtype, fp, decision.write, stored)
@@ -428,34 +493,57 @@ def _write_best(session: Session, run: _Run, kernel: TunableKernel, shape: dict[
     return written
 
 
-def _finish(factory: SessionFactory, task_id: int, status: str, result: SearchResult | None,
-            device_key: str | None, stored: bool, error: str | None,
-            worker_id: str | None = None, note: str | None = None) -> TaskOutcome:
-    with factory() as session:
-        repo.finish_task(session, task_id, status, error=error, worker_id=worker_id)
-        session.commit()
+def _finish(run: _Run, status: str, result: SearchResult | None, device_key: str | None,
+            stored: bool, error: str | None, note: str | None = None) -> TaskOutcome:
+    def write() -> None:
+        with run.factory() as session:
+            repo.finish_task(session, run.task_id, status, error=error,
+                             worker_id=run.worker_id)
+            session.commit()
+
+    run.store(f"finishing task {run.task_id} as {status}", write)
     if error:
-        log.warning("task %s %s: %s", task_id, status, error)
-    return TaskOutcome(task_id, status, result, None if status == "lost" else device_key,
+        log.warning("task %s %s: %s", run.task_id, status, error)
+    return TaskOutcome(run.task_id, status, result, None if status == "lost" else device_key,
                        stored, error, note)
 
 
-def _lost(factory: SessionFactory, task_id: int, why: str) -> TaskOutcome:
+def _lost(run: _Run, why: str) -> TaskOutcome:
     """The task stopped being ours mid-run: nothing more is written. Cancelled (by its job)
     says so; otherwise it is another worker's now (or queued again)."""
-    with factory() as session:
-        status = repo.get_task(session, task_id).status
-    log.warning("task %s: %s", task_id, why)
-    return TaskOutcome(task_id, "cancelled" if status == "cancelled" else "lost", None, None,
-                       False, why)
+    def read() -> str:
+        with run.factory() as session:
+            return repo.get_task(session, run.task_id).status
+
+    status = run.store("reading the task's status", read)
+    log.warning("task %s: %s", run.task_id, why)
+    return TaskOutcome(run.task_id, "cancelled" if status == "cancelled" else "lost", None,
+                       None, False, why)
+
+
+def _requeue(run: _Run, why: str) -> TaskOutcome:
+    """The database stayed unreachable for the whole retry window: give the task back to the
+    queue (one try; if that fails too, its lease expires and the reaper re-queues it), never
+    fail it. Either way no attempt is used: the task did nothing wrong."""
+    try:
+        with run.factory() as session:
+            released = run.worker_id is not None and repo.release_task(
+                session, run.task_id, run.worker_id, why)
+            session.commit()
+    except Exception:  # noqa: BLE001 - the lease's expiry re-queues it
+        log.exception("task %s: releasing it failed; its lease's expiry re-queues it",
+                      run.task_id)
+        released = False
+    log.warning("task %s requeued (%s): %s", run.task_id,
+                "released" if released else "left to its lease", why)
+    return TaskOutcome(run.task_id, "requeued", None, None, False, why)
 
 
 class _StopCheck:
     """Called by the search between batches: stop when the job was cancelled or the lease lost."""
 
-    def __init__(self, factory: SessionFactory, job_id: str, task_id: int,
-                 heartbeat: Callable[[], bool] | None) -> None:
-        self.factory, self.job_id, self.task_id = factory, job_id, task_id
+    def __init__(self, run: _Run, job_id: str, heartbeat: Callable[[], bool] | None) -> None:
+        self.run, self.job_id = run, job_id
         self.heartbeat = heartbeat
         self.last = 0.0
         self.status = "cancelled"
@@ -468,8 +556,11 @@ class _StopCheck:
         if self.heartbeat is not None and not self.heartbeat():
             self.status = "lost"
             return True
-        with self.factory() as session:
-            return repo.get_task(session, self.task_id).status == "cancelled"
+        return self.run.store("checking for a cancel", self._cancelled)
+
+    def _cancelled(self) -> bool:
+        with self.run.factory() as session:
+            return repo.get_task(session, self.run.task_id).status == "cancelled"
 
 
 def worker_id() -> str:
@@ -596,17 +687,25 @@ class _Heartbeat(threading.Thread):
         return self._ours and not self.worker.stopping.is_set()
 
     def run(self) -> None:
-        while not self._done.wait(self.worker.lease_seconds / 3):
+        period = self.worker.lease_seconds / 3
+        # a beat retries for one period: the lease has two more before it expires
+        delays = backoff_delays(period)
+        while not self._done.wait(period):
             try:
-                with self.worker.factory() as session:
-                    self._ours = repo.renew_lease(session, self.task_id, self.worker.id,
-                                                  self.worker.lease_seconds)
-                    session.commit()
+                self._ours = retry_transient(f"renewing the lease of task {self.task_id}",
+                                             self._renew, delays)
             except Exception:  # noqa: BLE001 - a missed beat is retried; the lease is slack
                 log.exception("lease renewal of task %s failed", self.task_id)
             if not self._ours:
                 log.warning("task %s is no longer ours; stopping it", self.task_id)
                 return
+
+    def _renew(self) -> bool:
+        with self.worker.factory() as session:
+            ours = repo.renew_lease(session, self.task_id, self.worker.id,
+                                    self.worker.lease_seconds)
+            session.commit()
+        return ours
 
     def stop(self) -> None:
         self._done.set()

@@ -3,6 +3,8 @@ machines; migrations applied programmatically with Alembic (no alembic.ini at ru
 
 from __future__ import annotations
 
+import errno
+import re
 import sqlite3
 import threading
 import time
@@ -13,8 +15,12 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+
+from db.sqlite_file import SqliteFile
+from tuner.errors import DatabaseUrlError
 
 # ``sqlite:///<data dir>/tuner.db`` ($TUNER_DATA_DIR, else ./data): spelled in tuner.settings,
 # where the service's settings read the environment; db itself takes explicit URLs
@@ -43,10 +49,11 @@ def is_sqlite(url: str) -> bool:
 APPLICATION_NAME = "tuner"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``. SQLite: the file's folder is created, every connection runs in
-    WAL mode with a 30 s busy timeout and foreign keys on, and connections may cross threads.
-    PostgreSQL (psycopg 3): connections are checked before use (``pool_pre_ping``) and named
+def make_engine(url: str, *, create_folder: bool = True) -> Engine:
+    """An engine for ``url``. SQLite: the file's folder is created (``create_folder``; else a
+    missing folder is a FileNotFoundError naming it), every connection runs in WAL mode with a
+    30 s busy timeout and foreign keys on, and connections may cross threads. PostgreSQL
+    (psycopg 3): connections are checked before use (``pool_pre_ping``) and named
     ``APPLICATION_NAME``."""
     url = normalise_url(url)
     if not is_sqlite(url):
@@ -55,13 +62,22 @@ def make_engine(url: str) -> Engine:
     database = make_url(url).database
     in_memory = database in (None, "", ":memory:")
     if not in_memory:
-        Path(str(database)).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        _sqlite_folder(str(database), create_folder)
     engine = create_engine(
         url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
         # an in-memory database lives in one connection: share it, or each one is empty
         **({"poolclass": StaticPool} if in_memory else {}))
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def _sqlite_folder(database: str, create: bool) -> None:
+    folder = Path(database).expanduser().resolve().parent
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    elif not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder (create it, or mount the volume "
+                                "it is on)", str(folder))
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -120,18 +136,39 @@ def upgrade(url_or_engine: str | Engine) -> None:
 
 
 _FACTORIES: dict[str, sessionmaker[Session]] = {}
+_FILES: dict[str, SqliteFile] = {}
 _FACTORIES_LOCK = threading.Lock()
 
 
-def init_db(url: str) -> sessionmaker[Session]:
+def init_db(url: str, *, create_folder: bool = True) -> sessionmaker[Session]:
     """Migrate the database at ``url`` and return its session factory. One engine per URL per
-    process: a second call returns the same factory without migrating again."""
+    process: a second call returns the same factory without migrating again. A SQLite file's
+    identity is recorded as opened (``opened_file``). ``create_folder``: see ``make_engine``."""
     with _FACTORIES_LOCK:
         if url not in _FACTORIES:
-            engine = make_engine(url)
-            upgrade(engine)
+            engine = make_engine(url, create_folder=create_folder)
+            try:
+                upgrade(engine)
+            except BaseException:
+                engine.dispose()
+                raise
             _FACTORIES[url] = make_session_factory(engine)
+            _record_file(url)
         return _FACTORIES[url]
+
+
+def _record_file(url: str) -> None:
+    if is_sqlite(url):
+        database = make_url(normalise_url(url)).database
+        opened = SqliteFile.opened(database) if database not in (None, "", ":memory:") else None
+        if opened is not None:
+            _FILES[url] = opened
+
+
+def opened_file(url: str) -> SqliteFile | None:
+    """The SQLite file ``init_db(url)`` opened in this process (None: PostgreSQL, in memory,
+    or not opened yet): ``problem()`` says whether its path still holds it."""
+    return _FILES.get(url)
 
 
 def dispose(url: str) -> None:
@@ -139,6 +176,57 @@ def dispose(url: str) -> None:
     databases; a later ``init_db(url)`` starts afresh)."""
     with _FACTORIES_LOCK:
         factory = _FACTORIES.pop(url, None)
+        _FILES.pop(url, None)
     bind = factory.kw.get("bind") if factory is not None else None
     if isinstance(bind, Engine):
         bind.dispose()
+
+
+# -- a URL that can never work, and why a database does not answer -----------------------------
+
+def shown_url(url: str) -> str:
+    """``url`` with its password hidden, as messages show it (also where it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+#: the URLs this service runs on, as messages spell them
+_URL_FORMS = "sqlite:///PATH or postgresql://USER@HOST:PORT/NAME"
+
+
+def check_url(url: str) -> None:
+    """DatabaseUrlError for a URL no retry can make work: one that does not parse, names an
+    unknown dialect or a driver not installed here. Opens nothing."""
+    try:
+        create_engine(normalise_url(url)).dispose()
+    except ArgumentError as exc:  # also NoSuchModuleError: an unknown dialect
+        raise DatabaseUrlError(f"database URL {shown_url(url)!r}: {exc}; write it as "
+                               f"{_URL_FORMS} (--db or TUNER_DATABASE_URL)") from None
+    except ValueError as exc:  # e.g. a port that is not a number
+        raise DatabaseUrlError(f"database URL {shown_url(url)!r} does not parse ({exc}); "
+                               f"write it as {_URL_FORMS}") from None
+    except ImportError as exc:
+        raise DatabaseUrlError(f"database URL {shown_url(url)!r}: its driver is not installed "
+                               f"({exc}); this service runs on {_URL_FORMS}") from None
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """Why a database did not answer, in a few words: the driver's own reason ("connection
+    refused", "unable to open database file") or the file system's ("/x: permission
+    denied"), never the SQL or SQLAlchemy's background link."""
+    if isinstance(exc, DBAPIError):
+        first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+        # psycopg: 'connection failed: connection to server at "h", port 5439 failed: Connection
+        # refused' -- the last clause is the reason
+        reason = first.rsplit(": ", 1)[-1].strip()
+        return _lower_first(reason)[:200]
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{_lower_first(exc.strerror or str(exc))}"
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text

@@ -10,6 +10,8 @@ TunerError
  +-- ConfigsFileError        an exported configs file that is missing, does not parse, is not
                              tuner-configs-v1, has a malformed entry or cannot be written
  +-- BackendUnavailable      the asked-for backend cannot run here (e.g. cuda without a GPU)
+ +-- DatabaseUrlError        a database URL no retry can make work: it does not parse, or
+                             names a driver not installed here
  +-- WrongOutput             a kernel's outputs cannot be trusted (a reference that is NaN
                              where the inputs are finite, a user's configs that disagree):
                              the measured config is recorded as wrong_result
@@ -59,6 +61,10 @@ class ConfigsFileError(TunerError):
 
 
 class BackendUnavailable(TunerError):
+    pass
+
+
+class DatabaseUrlError(TunerError):
     pass
 
 

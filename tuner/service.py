@@ -16,18 +16,56 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.backends import resolve_backend_kind
 from tuner.device import DeviceFingerprint, count_gpus_without_init, interpreter_fingerprint
 from tuner.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
 #: what ``serve`` prints when it falls back to the CPU interpreter
 NO_GPU_NOTE = ("no GPU found: one worker on the Triton CPU interpreter (timings are not GPU "
                "timings; results are stored under 'interpret:cpu' and never served for a GPU)")
+
+
+# -- the database, waited for at start ----------------------------------------------------------
+
+#: seconds between attempts to reach the database at start, doubling from the first up to the
+#: second: a database restarted by its supervisor answers within seconds, and one down for an
+#: hour costs 240 lines on stderr, not 3,600
+FIRST_RETRY_S = 1.0
+MAX_RETRY_S = 15.0
+
+
+def wait_for_database(settings: Settings, sleep: Callable[[float], None] = time.sleep
+                      ) -> sessionmaker[Session]:
+    """The service database's session factory (``init_db``), once it answers. Until then (a
+    PostgreSQL server down, a SQLite folder missing or unwritable) one line on stderr per
+    attempt, and waits doubling up to ``MAX_RETRY_S``. A URL that can never work raises
+    DatabaseUrlError at once (the CLI: one line, exit 2). The embedded default's folder is
+    created; an explicit SQLite URL's folder is waited for: missing, it may be a volume not
+    mounted yet, and a file created under the mount point would vanish when it is mounted."""
+    from sqlalchemy.exc import OperationalError
+
+    from db.engine import check_url, init_db, shown_url, unreachable_reason
+
+    url = settings.resolved_database_url
+    check_url(url)
+    delay = FIRST_RETRY_S
+    while True:
+        try:
+            return init_db(url, create_folder=not settings.database_url)
+        except (OperationalError, OSError) as exc:
+            print(f"tuner: database {shown_url(url)} unreachable ({unreachable_reason(exc)}); "
+                  f"retrying in {delay:g} s (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        sleep(delay)
+        delay = min(delay * 2, MAX_RETRY_S)
 
 
 # -- one worker ---------------------------------------------------------------------------------
@@ -70,12 +108,11 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     that process is gone (``serve`` passes its own pid so that no worker outlives it).
     ``workers_on_host``: GPU workers sharing this machine's cores (``serve`` passes its count):
     each compiles ahead on its share (``TUNER_COMPILE_WORKERS`` overrides it)."""
-    from db.engine import init_db
     from tuner.worker import Worker, reap_forever
 
-    _log_at_info()
     kind = resolve_backend_kind(backend)
-    factory = init_db(settings.resolved_database_url)
+    factory = wait_for_database(settings)  # its lines alone on stderr until the database answers
+    _log_at_info()
     if kind == "cuda":
         fingerprint, calibration = _gpu_fingerprint_and_calibration(device_index)
     else:
@@ -300,13 +337,11 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     (SIGINT/SIGTERM)."""
     import uvicorn
 
-    from db.engine import init_db
-
+    wait_for_database(settings)  # migrate once, before workers race to do it
     kind, indices, note = worker_plan(settings, workers, backend)
     if note:
         print(note, flush=True)
     url = settings.resolved_database_url
-    init_db(url)  # migrate once, before workers race to do it
     os.environ["TUNER_DATABASE_URL"] = url  # the app (built by uvicorn) and the workers
     processes = api_processes(settings, api_workers)
     pool = WorkerPool(kind, indices, env=dict(os.environ))

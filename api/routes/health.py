@@ -1,18 +1,19 @@
 """Liveness (``/healthz``: the process answers, and what the database says of the workers:
 each device, each worker process with its GPU, and the queue) and readiness (``/readyz``: the
-database answers)."""
+database answers, and a SQLite file is still the one opened: ``db.sqlite_file``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from api.routes.devices import worker_public
 from db import repo
+from db.engine import opened_file
 from search_spaces import kernel_names, plugin_errors
 from tuner.settings import Settings
 
@@ -81,11 +82,33 @@ def healthz(request: Request) -> dict[str, Any]:
     return {"status": "ok", "workers": workers, "plugins": plugins}
 
 
+def database_file_problem(request: Request) -> str | None:
+    """What happened to the service's SQLite file (removed, replaced: ``SqliteFile.problem``);
+    None while its path holds the file this process opened, and always on PostgreSQL."""
+    opened = opened_file(request.app.state.settings.resolved_database_url)
+    return opened.problem() if opened is not None else None
+
+
+async def require_database_file(request: Request) -> None:
+    """A write is refused (503) once the SQLite file is gone: accepted, it would be lost with
+    the unlinked file. Retrying does not help, so no Retry-After: the message says restart."""
+    problem = database_file_problem(request)
+    if problem is not None:
+        raise HTTPException(503, [{"loc": ["database"], "msg": problem,
+                                   "type": "database_file_gone"}])
+
+
+DatabaseFileIntact = Depends(require_database_file)
+
+
 @router.get("/readyz", responses={
     200: _example({"status": "ready"}, "the database answers"),
     503: _example({"status": "unavailable", "error": "could not connect to server"},
-                  "the database does not answer")})
+                  "the database does not answer, or its SQLite file was removed or replaced")})
 def readyz(request: Request) -> Any:
+    problem = database_file_problem(request)
+    if problem is not None:
+        return JSONResponse({"status": "unavailable", "error": problem}, 503)
     try:
         with request.app.state.session_factory() as session:
             session.execute(text("SELECT 1"))

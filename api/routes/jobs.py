@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.routes.health import DatabaseFileIntact
 from api.routes.kernels import registered_verification
 from api.schemas import (
     INT32_MAX,
@@ -120,9 +121,12 @@ def _validated_shapes(kernel: TunableKernel, body: JobCreate,
     return list({repo.shape_key_of(s): s for s in shapes}.values())
 
 
-@router.post("", status_code=202, response_model=JobCreated, dependencies=[WriteAccess],
+@router.post("", status_code=202, response_model=JobCreated,
+             dependencies=[WriteAccess, DatabaseFileIntact],
              responses={200: {"model": JobCreated, "description": "an identical queued or "
-                              "running job, or every shape answered from the store"}})
+                              "running job, or every shape answered from the store"},
+                        503: {"description": "the SQLite file was removed or replaced: "
+                              "restart the service"}})
 def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
                response: Response) -> JobCreated:
     """Queue a tuning job (one task per shape): 202.
@@ -182,8 +186,8 @@ def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPub
     return job_public(job, waiting_note(session, job, settings))
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteAccess],
-             responses=JOB_ID_RESPONSES)
+@router.post("/{job_id}/cancel", response_model=JobPublic,
+             dependencies=[WriteAccess, DatabaseFileIntact], responses=JOB_ID_RESPONSES)
 def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
     """Cancel a queued or running job and its unfinished tasks; a finished job is answered as
     it is."""

@@ -15,11 +15,15 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api import errors, serving
+from api.gate import RequestGate, access_table
 from api.routes import configs, devices, health, jobs, kernels, misses
 from api.validation import HostileInputGuard
 from db.engine import init_db
 from search_spaces import get_kernel, kernel_names
 from tuner.settings import Settings
+
+log = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -27,6 +31,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.parsed_api_keys():
+            log.warning("no API keys are configured (TUNER_API_KEYS): anyone who can reach "
+                        "this API can submit and cancel jobs")
         app.state.session_factory = init_db(settings.resolved_database_url)
         for name in kernel_names():  # imports torch and triton now, not on the first request
             get_kernel(name)
@@ -46,14 +53,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Autotuning service for Triton kernels",
                   docs_url=None if assets else "/docs", redoc_url=None if assets else "/redoc")
     app.state.settings = settings
-    api = APIRouter(prefix="/api/v1")
-    for module in (jobs, configs, misses, kernels, devices):
-        api.include_router(module.router)
+    api = APIRouter(prefix=API_PREFIX)
+    routers = [m.router for m in (jobs, configs, misses, kernels, devices)]
+    for router in routers:
+        api.include_router(router)
     app.include_router(api)
     app.include_router(health.router)
     errors.install(app)
     app.add_middleware(HostileInputGuard)  # NUL, surrogates, NaN: a 422 before any route
     serving.install(app)  # Server-Timing on every response
+    # outermost: keys and the body limit before any body is read
+    app.add_middleware(RequestGate, routes=access_table(API_PREFIX, routers))
     _document(app)
     if assets:
         _mount_docs(app, assets)

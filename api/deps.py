@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from api.errors import RequestRefused
 from tuner.settings import Settings
 
 
@@ -28,9 +30,10 @@ SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def _presented_key(request: Request) -> str | None:
-    key = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key in ``X-API-Key`` or ``Authorization: Bearer``, None without one."""
+    key = headers.get("x-api-key")
+    auth = headers.get("authorization", "")
     if not key and auth.lower().startswith("bearer "):
         key = auth[7:].strip()
     return key or None
@@ -68,26 +71,67 @@ def key_mode(settings: Settings, presented: str | bytes | None) -> str | None:
     return found
 
 
-async def require_write(request: Request, settings: SettingsDep) -> None:
+def _no_key(msg: str) -> RequestRefused:
+    return RequestRefused(401, msg, ["header", "x-api-key"], "api_key_missing",
+                          headers={"WWW-Authenticate": "Bearer"})
+
+
+def write_refusal(settings: Settings, headers: Mapping[str, str]) -> RequestRefused | None:
+    """Why a request may not write (None: it may): no valid key (401), a read-only one (403).
+    Without configured keys everyone may."""
     if not settings.parsed_api_keys():
-        return
-    mode = key_mode(settings, _header_bytes(_presented_key(request)))
+        return None
+    mode = key_mode(settings, _header_bytes(presented_key(headers)))
     if mode is None:
-        raise HTTPException(401, "a valid API key is required (X-API-Key header or "
-                                 "Authorization: Bearer)", headers={"WWW-Authenticate": "Bearer"})
+        return _no_key("a valid API key is required (X-API-Key header or Authorization: "
+                       "Bearer)")
     if mode != "rw":
-        raise HTTPException(403, "this API key is read-only")
+        return RequestRefused(403, "this API key is read-only", ["header", "x-api-key"],
+                              "api_key_read_only")
+    return None
+
+
+def read_refusal(settings: Settings, headers: Mapping[str, str],
+                 cookies: Mapping[str, str]) -> RequestRefused | None:
+    """Why a request may not read (None: it may): no valid key while ``auth_reads``."""
+    if not settings.parsed_api_keys() or not settings.auth_reads:
+        return None
+    # a browser on the dashboard presents it as a cookie (set at /key); never for writes, so a
+    # page of another site cannot make the browser write with it
+    presented = presented_key(headers) or cookies.get("tuner_api_key")
+    if key_mode(settings, _header_bytes(presented)) is None:
+        return _no_key("a valid API key is required to read")
+    return None
+
+
+#: set in the request's scope to the access the gate (``api.gate``) granted it, before routing
+KEY_CHECKED = "tuner.key_checked"
+
+
+async def require_write(request: Request, settings: SettingsDep) -> None:
+    if request.scope.get(KEY_CHECKED) == "write":
+        return
+    refusal = write_refusal(settings, request.headers)
+    if refusal is not None:
+        raise refusal
 
 
 async def require_read(request: Request, settings: SettingsDep) -> None:
-    if not settings.parsed_api_keys() or not settings.auth_reads:
+    if request.scope.get(KEY_CHECKED) in ("read", "write"):
         return
-    # a browser on the dashboard presents it as a cookie (set at /key); never for writes, so a
-    # page of another site cannot make the browser write with it
-    presented = _presented_key(request) or request.cookies.get("tuner_api_key")
-    if key_mode(settings, _header_bytes(presented)) is None:
-        raise HTTPException(401, "a valid API key is required to read",
-                            headers={"WWW-Authenticate": "Bearer"})
+    refusal = read_refusal(settings, request.headers, request.cookies)
+    if refusal is not None:
+        raise refusal
+
+
+def caller_id(settings: Settings, request: Request) -> str:
+    """Who is asking, for per-client limits: a digest of the API key presented when keys are
+    configured (a key is a secret: it is never stored; without keys any header is the caller's
+    choice), else the caller's address. Never a name the caller picks."""
+    key = presented_key(request.headers)
+    if key and settings.parsed_api_keys():
+        return "key:" + hashlib.sha256(_header_bytes(key) or b"").hexdigest()[:16]
+    return f"host:{request.client.host if request.client else 'unknown'}"
 
 
 WriteAccess = Depends(require_write)

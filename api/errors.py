@@ -13,14 +13,20 @@ exception                              status  loc
 ``db.repo.AmbiguousJobId``             409     ``["path", "job_id"]``, with ``candidates``
 other ``tuner.errors.TunerError``      400     ``["body"]``
 ``sqlalchemy.exc.OperationalError``    503     ``["database"]`` (locked, unreachable: retry)
+``RequestRefused``                     its     ``["header", name]`` or ``["body"]``:
+                                               401/403 key, 413 too large, 415 form type,
+                                               403 cross-site
 =====================================  ======  ==============================================
+
+``RequestRefused`` is also answered before any route runs (``api.gate.RequestGate``): the
+same response either way (``refused_response``).
 """
 
 from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
@@ -28,6 +34,22 @@ from db.repo import AmbiguousJobId, NotFound, ShortJobId
 from tuner.errors import InvalidRequest, TunerError
 
 log = logging.getLogger(__name__)
+
+
+class RequestRefused(HTTPException):
+    """A request refused for what it is, not what it asks: a missing or read-only key (401,
+    403), a body over the limit (413), a content type a browser form can send to a route that
+    changes state (415), a cross-site browser request (403). An HTTPException so that FastAPI's
+    body parsing lets it through when reading the body raises it (``api.gate``)."""
+
+    def __init__(self, status: int, message: str, loc: list[str | int], kind: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, message, headers)
+        self.message = message
+        self.status = status
+        self.loc = loc
+        self.kind = kind
+        self.headers = headers or {}
 
 
 class QueryError(InvalidRequest):
@@ -85,7 +107,18 @@ async def database_unavailable(_request: Request, exc: Exception) -> JSONRespons
                         headers={"Retry-After": "5"})
 
 
+def refused_response(exc: RequestRefused) -> JSONResponse:
+    return JSONResponse(error_body(exc.loc, exc.message, exc.kind), exc.status,
+                        headers=exc.headers)
+
+
+async def request_refused(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestRefused)
+    return refused_response(exc)
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestRefused, request_refused)
     app.add_exception_handler(InvalidRequest, invalid_request)
     app.add_exception_handler(NotFound, not_found)
     app.add_exception_handler(ShortJobId, short_job_id)

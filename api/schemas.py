@@ -241,10 +241,11 @@ class TrialsPublic(BaseModel):
 Match = Literal["exact", "nearest", "other-triton", "other-device", "default"]
 #: what became of a reported miss (``report_misses``)
 MissOutcome = Literal["queued", "pending", "tuned", "rate-limited", "capped",
-                      "kernel-version-mismatch", "no-device", "failed"]
+                      "kernel-version-mismatch", "no-device", "unknown-device",
+                      "read-only", "failed"]
 #: the status of a recorded miss (GET /misses)
 MissStatus = Literal["queued", "running", "tuned", "failed", "rate-limited", "capped",
-                     "kernel-version-mismatch", "no-device"]
+                     "kernel-version-mismatch", "no-device", "unknown-device", "read-only"]
 #: the longest kernel or Triton version the database stores
 VERSION_MAX = 40
 
@@ -301,11 +302,13 @@ class ConfigQuery(Strict):
     report_misses: bool = Field(False, description="record every item not answered "
                                 "``exact`` as a miss and queue a tuning job for it on the "
                                 "caller's device (each answer's ``miss`` says what became "
-                                "of it)")
+                                "of it; queueing needs write access when keys are "
+                                "configured, else ``read-only``)")
     client: str | None = Field(None, min_length=1, max_length=100,
-                               description="who is asking, for the per-client rate limit on "
-                                           "queued misses; default: the API key presented, "
-                                           "else the caller's host")
+                               description="a name for the caller, shown in GET /misses; the "
+                                           "per-client rate limit counts the API key "
+                                           "presented, else the caller's address, never this "
+                                           "name")
 
 
 class ConfigsPublic(BaseModel):
@@ -318,7 +321,7 @@ class ConfigsPublic(BaseModel):
 class MissPublic(BaseModel):
     """A lookup that clients reported as not served exactly. ``status``: its job's (queued,
     running, tuned, failed), else why none was queued (rate-limited, capped,
-    kernel-version-mismatch, no-device); ``note`` says more."""
+    kernel-version-mismatch, no-device, unknown-device, read-only); ``note`` says more."""
 
     id: int
     kernel: str

@@ -1149,7 +1149,7 @@ _MISS_STATUS_OF_JOB = {"queued": "queued", "running": "running", "succeeded": "t
 _MISS_ACTIVE = ("queued", "running")
 #: every status a miss row can have (``status`` of GET /misses)
 MISS_STATUSES = ("queued", "running", "tuned", "failed", "rate-limited", "capped",
-                 "kernel-version-mismatch", "no-device")
+                 "kernel-version-mismatch", "no-device", "unknown-device", "read-only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1163,7 +1163,8 @@ class MissLimits:
 
 def report_miss(session: Session, *, device_key: str | None, kernel: str,
                 kernel_version: str, registered_version: str, dtype: str,
-                shape: Mapping[str, int], client: str, limits: MissLimits) -> str:
+                shape: Mapping[str, int], client: str, limits: MissLimits,
+                label: str | None = None, may_queue: bool = True) -> str:
     """Record one report of a lookup that was not served exactly, and queue a tuning job on the
     caller's device when it should be. Returns what became of it (the API's ``miss``):
 
@@ -1173,23 +1174,24 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
       report queues it again);
     - not queued, only recorded: ``kernel-version-mismatch`` (``kernel_version`` is not the
       ``registered_version`` the workers would tune), ``no-device`` (no worker to target),
-      ``rate-limited`` (``client`` queued ``limits.rate_per_client`` misses within
-      ``MISS_RATE_WINDOW``), ``capped`` (the kernel has ``limits.cap_per_kernel`` misses whose
-      jobs are queued or running).
+      ``unknown-device`` (no worker ever registered ``device_key``), ``read-only`` (the
+      caller may not queue: not ``may_queue``), ``rate-limited`` (``client`` queued
+      ``limits.rate_per_client`` misses within ``MISS_RATE_WINDOW``), ``capped`` (the kernel
+      has ``limits.cap_per_kernel`` misses whose jobs are queued or running).
+
+    ``client``: who the rate limit counts (an identity the caller cannot choose); ``label``:
+    the name shown as the miss's ``last_client`` (default: ``client``).
 
     Commit after each call: the miss row stays write-locked until then, which is what makes
     concurrent reports of one miss queue one job (the rate and cap counts read other rows and
     may be overrun by reports that race)."""
     now = utcnow()
     miss = _counted_miss(session, device_key or "", kernel, kernel_version, dtype, shape,
-                         client, now)
-    if kernel_version != registered_version:
-        return _miss_is(session, miss.id, "kernel-version-mismatch",
-                        f"the caller's kernel version {kernel_version} is not the server's "
-                        f"{registered_version}: tuning here would tune other code")
-    if not device_key:
-        return _miss_is(session, miss.id, "no-device",
-                        "the caller gave no device: no worker to tune it on")
+                         label or client, now)
+    unqueueable = _unqueueable(session, device_key, kernel_version, registered_version)
+    if unqueueable is not None:
+        return _miss_is(session, miss.id, *unqueueable)
+    assert device_key  # _unqueueable refuses none
     job = session.get(Job, miss.job_id, populate_existing=True) if miss.job_id else None
     if job is not None and job.status in ACTIVE:
         return "pending"
@@ -1197,7 +1199,25 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
         return "tuned"
     if job is not None and job.finished_at and now - job.finished_at < MISS_RETRY_AFTER:
         return "failed"
+    if not may_queue:
+        return _miss_is(session, miss.id, "read-only", "the caller may not queue tuning jobs "
+                        "(reporting misses that queue jobs needs an API key with write access)")
     return _queue_miss(session, miss, device_key, client, limits, now)
+
+
+def _unqueueable(session: Session, device_key: str | None, kernel_version: str,
+                 registered_version: str) -> tuple[str, str] | None:
+    """The status and note of a miss that no job could tune, None for one that could."""
+    if kernel_version != registered_version:
+        return ("kernel-version-mismatch", f"the caller's kernel version {kernel_version} is "
+                f"not the server's {registered_version}: tuning here would tune other code")
+    if not device_key:
+        return "no-device", "the caller gave no device: no worker to tune it on"
+    if get_device(session, device_key) is None:
+        # a made-up device key would queue jobs no worker ever claims, filling the kernel's cap
+        return ("unknown-device", f"no worker has registered device {device_key}: misses are "
+                "queued only for devices a worker has run on")
+    return None
 
 
 def _counted_miss(session: Session, device_key: str, kernel: str, kernel_version: str,

@@ -75,6 +75,14 @@ def store(db_url: str, shape: dict[str, int], ms: float, device: str = GPU,
         session.commit()
 
 
+def register_devices(db_url: str, *keys: str) -> None:
+    """Devices as their workers register them on start (misses are queued only for those)."""
+    with init_db(db_url)() as session:
+        for key in keys:
+            repo.upsert_device(session, {"key": key, "kind": key.split(":")[0], "name": key})
+        session.commit()
+
+
 def config_params(shape: dict[str, int], device: str | None = None,
                   dtype: str = "float16", **identity: str) -> dict[str, Any]:
     """Query parameters of GET /api/v1/configs (``identity``: kernel_version,

@@ -19,7 +19,7 @@ import torch
 import tuner
 from db import repo
 from db.engine import init_db
-from tests.api_support import INTERPRETER, run_worker_once, running_app
+from tests.api_support import INTERPRETER, register_devices, run_worker_once, running_app
 from tests.plugins import registered
 from tests.test_client import CountingTransport
 from tuner.autotuning import Autotuned
@@ -58,6 +58,7 @@ def example() -> Iterator[Any]:
 def service(tmp_path: Path, example: Any) -> Iterator[tuple[str, str]]:
     db_url = f"sqlite:///{tmp_path / 'autotune.db'}"
     with running_app(Settings(database_url=db_url, miss_trials=2)) as url:
+        register_devices(db_url, INTERPRETER)  # as the interpreter worker does on start
         yield url, db_url
 
 

@@ -22,7 +22,7 @@ from db import repo
 from db.engine import init_db
 from db.models import Trial
 from search_spaces import get_kernel
-from tests.api_support import GPU, JOB, run_worker_once, store
+from tests.api_support import GPU, JOB, register_devices, run_worker_once, store
 from tuner.config import triton_config_text
 from tuner.settings import Settings
 
@@ -287,7 +287,9 @@ def test_every_page_is_html_with_the_navigation(api_client, path):
 
 
 def test_misses_page_lists_reported_misses_with_their_jobs_and_the_overview_counts_them(
-        api_client):
+        api_client, api_db_url):
+    register_devices(api_db_url, GPU)
+
     def item(m: int, **fields: str) -> dict[str, Any]:
         return {"kernel": "matmul", "dtype": "float32", "shape": {"M": m, "N": 16, "K": 16},
                 **fields}

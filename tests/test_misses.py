@@ -1,6 +1,7 @@
 """Tuning on misses: lookups not served exactly are recorded and queued once as jobs on the
-caller's device, within a per-client rate and a per-kernel cap; GET /misses lists them. Real
-HTTP through the app, on SQLite and PostgreSQL (``any_db_url``)."""
+caller's device (one a worker has registered), for callers that may write, within a per-client
+rate and a per-kernel cap; GET /misses lists them. Real HTTP through the app, on SQLite and
+PostgreSQL (``any_db_url``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,14 @@ from db import repo
 from db.engine import init_db
 from db.models import Job, Miss, utcnow
 from search_spaces import get_kernel
-from tests.api_support import GPU, INTERPRETER, run_worker_once, running_app, store
+from tests.api_support import (
+    GPU,
+    INTERPRETER,
+    register_devices,
+    run_worker_once,
+    running_app,
+    store,
+)
 from tuner.settings import Settings
 
 H100 = "cuda:NVIDIA H100 80GB HBM3:sm90"
@@ -62,12 +70,14 @@ def job_count(db_url: str) -> int:
 
 @pytest.fixture
 def make_client(any_db_url: str) -> Iterator[Callable[..., TestClient]]:
-    """Clients of apps on one fresh database, with the settings given."""
+    """Clients of apps on one fresh database, with the settings given; the GPU and the
+    interpreter are registered devices."""
     opened: list[TestClient] = []
 
     def make(**settings: Any) -> TestClient:
         client = TestClient(create_app(Settings(database_url=any_db_url, **settings)))
         opened.append(client.__enter__())
+        register_devices(any_db_url, GPU, INTERPRETER)
         return client
 
     yield make
@@ -129,7 +139,7 @@ def _report_once(db_url: str, barrier: threading.Barrier, client: str) -> str:
 
 
 def test_sixteen_clients_reporting_one_miss_at_once_make_one_row_and_one_job(any_db_url):
-    init_db(any_db_url)
+    register_devices(any_db_url, GPU)
     barrier = threading.Barrier(16)
     results: list[str] = []
     errors: list[BaseException] = []
@@ -159,6 +169,8 @@ def test_sixteen_clients_over_http_at_once_queue_one_job(any_db_url):
     answers: list[Any] = []
 
     with running_app(Settings(database_url=any_db_url)) as url:
+        register_devices(any_db_url, GPU)
+
         def ask(n: int) -> None:
             barrier.wait()
             answers.append(httpx.post(url + QUERY, json={**body, "client": f"c{n}"},
@@ -180,34 +192,85 @@ def test_sixteen_clients_over_http_at_once_queue_one_job(any_db_url):
 
 # -- why a miss is not queued -----------------------------------------------------------------
 
-def test_a_client_queues_at_most_its_rate_per_hour(make_client, any_db_url):
-    client = make_client(miss_rate_per_client=2)
+def test_a_key_queues_at_most_its_rate_per_hour_whatever_client_name_it_gives(make_client,
+                                                                            any_db_url):
+    client = make_client(miss_rate_per_client=2, api_keys="key-a,key-b")
     shapes = [{"M": m, "N": 16, "K": 16} for m in (16, 32, 64)]
-    assert outcomes(client, *[item(s) for s in shapes], client="model-a") == [
-        "queued", "queued", "rate-limited"]
-    assert outcomes(client, item(shapes[2]), client="model-a") == ["rate-limited"]
-    assert outcomes(client, item(shapes[2]), client="model-b") == ["queued"]
+    a, b = {"X-API-Key": "key-a"}, {"X-API-Key": "key-b"}
+
+    def ask(headers: dict[str, str], *shapes: dict[str, int], name: str) -> list[str]:
+        got = client.post(QUERY, headers=headers, json={
+            "items": [item(s) for s in shapes], "report_misses": True, "client": name})
+        return [answer["miss"] for answer in got.json()["data"]]
+
+    assert ask(a, *shapes, name="model-a") == ["queued", "queued", "rate-limited"]
+    # another name is the same caller: the limit counts the key, not a name it picks
+    assert ask(a, shapes[2], name="model-b") == ["rate-limited"]
+    assert ask(b, shapes[2], name="model-a") == ["queued"]
     assert job_count(any_db_url) == 3
-    # an hour later the client may queue again
+    # an hour later the key may queue again
     with init_db(any_db_url)() as session:
         session.execute(update(Miss).values(queued_at=utcnow() - timedelta(hours=2)))
         session.commit()
-    assert outcomes(client, item({"M": 128, "N": 16, "K": 16}), client="model-a") == ["queued"]
+    assert ask(a, {"M": 128, "N": 16, "K": 16}, name="model-a") == ["queued"]
 
 
-def test_without_a_client_name_the_api_key_or_host_is_rate_limited(make_client):
-    client = make_client(miss_rate_per_client=1, api_keys="s3cret-key:ro")
+def test_without_keys_the_callers_address_is_rate_limited_whatever_it_presents(make_client):
+    client = make_client(miss_rate_per_client=1)
+    first = client.post(QUERY, headers={"X-API-Key": "made-up"}, json={
+        "items": [item()], "report_misses": True, "client": "model-a"})
+    assert first.json()["data"][0]["miss"] == "queued"
+    # no keys are configured: a header or a name is the caller's choice, its address is not
+    second = client.post(QUERY, headers={"X-API-Key": "another"}, json={
+        "items": [item({"M": 32, "N": 16, "K": 16})], "report_misses": True, "client": "b"})
+    assert second.json()["data"][0]["miss"] == "rate-limited"
+    assert "host:testclient" in misses(client, status="rate-limited")["data"][0]["note"]
+
+
+def test_a_keys_digest_is_what_the_limit_counts_and_the_key_is_never_stored(make_client):
+    client = make_client(miss_rate_per_client=1, api_keys="s3cret-key")
     keyed = {"X-API-Key": "s3cret-key"}
     got = [client.post(QUERY, headers=keyed, json={"items": [item({"M": m, "N": 16, "K": 16})],
                                                    "report_misses": True}).json()
            for m in (16, 32)]
     assert [g["data"][0]["miss"] for g in got] == ["queued", "rate-limited"]
-    assert outcomes(client, item({"M": 64, "N": 16, "K": 16})) == ["queued"]  # by host
-    assert outcomes(client, item({"M": 128, "N": 16, "K": 16})) == ["rate-limited"]
     listed = client.get("/api/v1/misses")
-    clients = {m["last_client"] for m in listed.json()["data"]}
-    assert {c.split(":")[0] for c in clients} == {"key", "host"}
+    assert {m["last_client"].split(":")[0] for m in listed.json()["data"]} == {"key"}
     assert "s3cret-key" not in listed.text  # a key is a secret: only its digest is kept
+
+
+# -- who may queue ----------------------------------------------------------------------------
+
+def test_a_read_only_or_missing_keys_misses_are_recorded_not_queued(make_client, any_db_url):
+    client = make_client(api_keys="writer,reader:ro")
+    for headers in ({"X-API-Key": "reader"}, {}):
+        got = client.post(QUERY, headers=headers,
+                          json={"items": [item()], "report_misses": True})
+        assert got.status_code == 200 and got.json()["data"][0]["miss"] == "read-only"
+    [miss] = misses(client)["data"]  # recorded: the dashboard shows it
+    assert (miss["status"], miss["count"], miss["job_id"]) == ("read-only", 2, None)
+    assert "write access" in miss["note"]
+    assert job_count(any_db_url) == 0
+    writer = {"X-API-Key": "writer"}
+    assert client.post(QUERY, headers=writer, json={"items": [item()], "report_misses": True}
+                       ).json()["data"][0]["miss"] == "queued"
+    # once queued, a read-only caller is told it is pending
+    assert client.post(QUERY, headers={"X-API-Key": "reader"}, json={
+        "items": [item()], "report_misses": True}).json()["data"][0]["miss"] == "pending"
+    assert job_count(any_db_url) == 1
+
+
+def test_misses_on_a_device_no_worker_registered_do_not_fill_the_kernels_cap(make_client,
+                                                                            any_db_url):
+    client = make_client(miss_cap_per_kernel=2)
+    made_up = [item({"M": m, "N": 16, "K": 16}, device="cuda:Made Up GPU:sm99")
+               for m in (16, 32, 64)]
+    assert outcomes(client, *made_up) == ["unknown-device"] * 3
+    noted = misses(client, status="unknown-device")
+    assert noted["count"] == 3 and "no worker has registered" in noted["data"][0]["note"]
+    assert job_count(any_db_url) == 0
+    # a real model's miss on a registered GPU is still queued
+    assert outcomes(client, item()) == ["queued"]
 
 
 def test_a_kernel_has_at_most_its_cap_of_misses_queued_or_running(make_client, any_db_url):

@@ -14,7 +14,8 @@ The client sends who is asking with every lookup: its device key (detected: the 
 GPU, or the interpreter under ``TRITON_INTERPRET=1``), its Triton version and the kernel's
 source version, so that ``"match": "exact"`` means this GPU model, this kernel source and this
 Triton minor version. With ``report_misses``, the service queues a tuning job for every shape it
-could not answer exactly, so the next start-up finds it tuned.
+could not answer exactly, so the next start-up finds it tuned (a service with API keys queues
+them only for a read-write ``api_key``; others' misses are recorded, answered ``read-only``).
 
 Lookup order: ``configs_file`` (an exported file: exact identity only) -> this process's answers
 from the service -> the service -> ``cache_file`` -> the kernel's default.

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     api_keys: str = ""
     #: when true, reads need a key too
     auth_reads: bool = False
+    #: the largest request body accepted, in bytes (larger: 413, before it is read). The
+    #: largest bulk lookup (4,096 items of POST /configs/query) takes 785,333 B as the client
+    #: sends it for matmul, 1,059,815 B for a 19-letter kernel with 40-character versions
+    max_body_bytes: int = Field(default=3 * 2**19, gt=0)
     #: seconds a claimed task's lease lasts without a heartbeat
     lease_seconds: float = Field(default=60.0, gt=1)
     #: seconds between reaper passes (re-queueing tasks whose lease expired)
@@ -113,7 +117,10 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _known_key_modes(cls, value: str) -> str:
-        _parse_api_keys(value)
+        if value.strip() and not _parse_api_keys(value):
+            # "," or " , " would otherwise start the service with authentication off
+            raise ValueError("TUNER_API_KEYS holds separators but no key; give key, key:rw or "
+                             "key:ro, comma-separated, or leave it unset to run without keys")
         return value
 
     @model_validator(mode="after")

@@ -8,7 +8,6 @@ shape found by a dict lookup. Misses are still recorded in the database."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Annotated, Any, cast
 
@@ -18,7 +17,7 @@ from fastapi.openapi.models import Example
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from api.deps import ReadAccess, SessionDep, SettingsDep, _presented_key
+from api.deps import ReadAccess, SessionDep, SettingsDep, caller_id, write_refusal
 from api.errors import QueryError, as_query_error
 from api.schemas import (
     DEVICE_KEY_MAX,
@@ -220,17 +219,6 @@ def _checked(items: Sequence[ConfigQueryItem]) -> list[tuple[Any, dict[str, int]
     return checked
 
 
-def caller_id(request: Request, client: str | None) -> str:
-    """Who reports misses, for the per-client rate limit: the body's ``client``, else a digest
-    of the API key presented (a key is a secret: it is never stored), else the caller's host."""
-    if client:
-        return client
-    key = _presented_key(request)
-    if key:
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-    return f"host:{request.client.host if request.client else 'unknown'}"
-
-
 def _limits(settings: Settings) -> repo.MissLimits:
     return repo.MissLimits(rate_per_client=settings.miss_rate_per_client,
                            cap_per_kernel=settings.miss_cap_per_kernel,
@@ -254,10 +242,17 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
     only: ``rate-limited`` (this ``client`` queued ``TUNER_MISS_RATE_PER_CLIENT`` misses in the
     last hour), ``capped`` (the kernel has ``TUNER_MISS_CAP_PER_KERNEL`` misses queued or
     running), ``kernel-version-mismatch`` (the caller's kernel is not the one registered here:
-    tuning would tune other code), ``no-device`` (no device to tune on).
+    tuning would tune other code), ``no-device`` (no device to tune on), ``unknown-device``
+    (no worker has ever registered the caller's ``device``), ``read-only`` (the caller may
+    not queue: when API keys are configured, queueing needs a key with write access; a
+    read-only key's or no key's misses are recorded, and still shown on the dashboard).
+
+    The rate limit counts the caller's API key (a digest of it), else its address;
+    ``client`` only names the caller in GET /misses.
     """
     lookup = Lookup(index)
-    client = caller_id(request, body.client) if body.report_misses else ""
+    client = caller_id(settings, request) if body.report_misses else ""
+    may_queue = write_refusal(settings, request.headers) is None
     data = []
     for item, (k, shape) in zip(body.items, _checked(body.items), strict=True):
         answer = lookup.answer(k, item.dtype, shape, item.device, item.kernel_version,
@@ -267,7 +262,8 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
                 session, device_key=item.device, kernel=k.name,
                 kernel_version=item.kernel_version or lookup.registered_version(k),
                 registered_version=lookup.registered_version(k),
-                dtype=item.dtype, shape=shape, client=client, limits=_limits(settings)))
+                dtype=item.dtype, shape=shape, client=client, limits=_limits(settings),
+                label=body.client, may_queue=may_queue))
             session.commit()  # one miss at a time: its row stays locked until this commit
         data.append(answer)
     return ConfigsPublic(data=data, count=len(data))

@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from db import engine as db_engine
 from db import repo
-from db.engine import APPLICATION_NAME, init_db, is_sqlite, normalise_url
+from db.engine import APPLICATION_NAME, init_db, normalise_url
 from db.models import utcnow
 from db.transient import backoff_delays, describe, is_transient
 from tests.api_support import queue_task
@@ -70,10 +70,15 @@ def _assert_finished_with_every_trial(factory: Any, task_id: int) -> None:
 # -- a connection terminated mid-search (PostgreSQL) ------------------------------------------
 
 @pytest.fixture
-def postgres_url(any_db_url: str) -> str:
-    if is_sqlite(any_db_url):
-        pytest.skip("terminating a server connection is PostgreSQL's (SQLite: the lock below)")
-    return any_db_url
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database: terminating a server connection is PostgreSQL's (SQLite's
+    fault is the lock below)."""
+    from tests.conftest import POSTGRES_URL, _postgres_database
+
+    if not POSTGRES_URL:
+        pytest.skip("TUNER_TEST_POSTGRES_URL is not set (scripts/test.sh sets it when a "
+                    "PostgreSQL server answers)")
+    yield from _postgres_database()
 
 
 def _bind(factory: Any) -> Engine:

@@ -128,9 +128,6 @@ class Problem:
     problem: ProblemFn | None = None
     dtype_arg: str | None = None
 
-    def dims(self) -> list[str]:
-        return list(self.key)
-
     def shape(self, named: Mapping[str, Any]) -> dict[str, int]:
         """The launch's problem dimensions, every value an integer (``key_value``)."""
         values = self.problem(named) if self.problem is not None else {

@@ -38,7 +38,6 @@ from tuner.launching import (
     ProblemFn,
     autotune_keys,
     capture_launch,
-    dtype_name,
     launch_kwargs,
     output_tensor,
     unwrap,
@@ -430,8 +429,8 @@ class Kernel:
 
         if len(self.configs) < 2:
             return
-        dtype = next((d for v in inputs.values() if (d := dtype_name(v))), "float32")
-        problem = (tuple(sorted(self.problem_of(inputs)[0].items())), dtype)
+        shape, dtype = self.problem_of(inputs)
+        problem = (tuple(sorted(shape.items())), dtype)
         if problem in self._cross_checked:
             return
         second = self._outputs_of(self.configs[1], inputs)

@@ -152,6 +152,9 @@ def __getattr__(name: str) -> Any:
     # ``uvicorn api.app:app`` builds the app from the environment on first access only, so
     # importing this module (tests, tools) never reads settings or opens a database.
     if name == "app":
+        from tuner.supervision import exit_with_serve
+
+        exit_with_serve()  # an API process of tuner serve: never outlive it
         globals()["app"] = create_app()
         return globals()["app"]
     raise AttributeError(name)

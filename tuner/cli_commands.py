@@ -322,7 +322,10 @@ def kernels(args: argparse.Namespace) -> int:
 
 def worker(args: argparse.Namespace) -> int:
     from tuner.service import run_worker
+    from tuner.supervision import stop_with_serve
 
+    if args.parent_pid is not None:  # started by tuner serve: never outlive it
+        stop_with_serve(args.parent_pid)
     return run_worker(_settings(args), backend=args.backend, device_index=args.device_index,
                       parent_pid=args.parent_pid, workers_on_host=args.workers_on_host)
 

@@ -12,6 +12,8 @@ TunerError
  +-- BackendUnavailable      the asked-for backend cannot run here (e.g. cuda without a GPU)
  +-- DatabaseUrlError        a database URL no retry can make work: it does not parse, or
                              names a driver not installed here
+ +-- CannotListen            ``tuner serve``'s address is taken (the message names the process
+                             holding it where it can be found) or cannot be listened on
  +-- WrongOutput             a kernel's outputs cannot be trusted (a reference that is NaN
                              where the inputs are finite, a user's configs that disagree):
                              the measured config is recorded as wrong_result
@@ -65,6 +67,10 @@ class BackendUnavailable(TunerError):
 
 
 class DatabaseUrlError(TunerError):
+    pass
+
+
+class CannotListen(TunerError):
     pass
 
 

@@ -263,10 +263,16 @@ class WorkerPool:
         slot.started = time.monotonic()
 
     def _watch(self) -> None:
+        # this thread starts the restarted workers, whose parent-death signal fires when it
+        # ends (tuner.supervision): it must outlive any one failed restart
         while not self.stopping.wait(2.0):
             for slot in self.slots:
-                if slot.proc is not None and slot.proc.poll() is not None:
-                    self._restart(slot)
+                try:
+                    if slot.proc is not None and slot.proc.poll() is not None:
+                        self._restart(slot)
+                except Exception:  # noqa: BLE001 - tried again at the next look
+                    log.exception("restarting the worker for device %d failed",
+                                  slot.device_index)
 
     def _restart(self, slot: _Slot) -> None:
         assert slot.proc is not None
@@ -337,13 +343,18 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     (SIGINT/SIGTERM)."""
     import uvicorn
 
+    from tuner.supervision import SERVE_PID_ENV, check_address
+
+    check_address(host, port)  # a port in use: one line naming its holder, before any wait
     wait_for_database(settings)  # migrate once, before workers race to do it
     kind, indices, note = worker_plan(settings, workers, backend)
     if note:
         print(note, flush=True)
     url = settings.resolved_database_url
     os.environ["TUNER_DATABASE_URL"] = url  # the app (built by uvicorn) and the workers
+    os.environ[SERVE_PID_ENV] = str(os.getpid())  # API processes die with this one
     processes = api_processes(settings, api_workers)
+    check_address(host, port)  # again: the database may have taken a while
     pool = WorkerPool(kind, indices, env=dict(os.environ))
     pool.start()
     print(f"API on http://{host}:{port} (docs at /docs), {processes} process(es); "

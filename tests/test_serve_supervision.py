@@ -1,0 +1,123 @@
+"""``tuner serve`` under an operator's faults: ``kill -9`` of it, its port taken. Real
+processes, real signals, real sockets (``tuner.supervision``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support_processes import alive, free_port, interpreter_env, wait_for, wait_ready
+
+
+@contextmanager
+def _serve(data: Path, port: int, log_name: str = "serve.log", **env: str
+           ) -> Iterator[subprocess.Popen[bytes]]:
+    """``tuner serve --backend interpret`` on ``port`` with its SQLite file in ``data``, in a
+    session of its own; its whole group SIGKILLed on leaving."""
+    with open(data / log_name, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--backend",
+             "interpret"], cwd=data, stdout=log, stderr=subprocess.STDOUT,
+            env=interpreter_env(TUNER_DATA_DIR=str(data), TUNER_DATABASE_URL="", **env),
+            start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process visible in /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = _parents()
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return sorted(found)
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids still alive after ``seconds`` (polled: nothing signals another's death)."""
+    deadline = time.monotonic() + seconds
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _idle_worker(base: str) -> bool:
+    """Whether a worker has registered and is waiting for work (past its start-up)."""
+    try:
+        workers = httpx.get(f"{base}/healthz", timeout=5).json()["workers"]
+    except (httpx.HTTPError, ValueError):
+        return False
+    return bool(workers) and any(w["status"] == "idle" and w["alive"]
+                                 for w in workers["workers"])
+
+
+@pytest.mark.timeout(400)
+def test_a_serve_killed_with_sigkill_takes_every_child_along_and_frees_its_port(
+        tmp_path: Path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with _serve(tmp_path, port) as first:
+        wait_ready(base, first, timeout=180)
+        wait_for(lambda: _idle_worker(base), first, timeout=180)
+        children = _descendants(first.pid)
+        try:
+            # two API processes (the default) and the worker, at least
+            assert len(children) >= 3, children
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+            assert _gone_within(children, 15.0) == []
+        finally:
+            for pid in children:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    with _serve(tmp_path, port, "serve2.log") as second:
+        wait_ready(base, second, timeout=180)
+        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+    assert "already in use" not in (tmp_path / "serve2.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_port_in_use_is_one_line_naming_the_port_and_its_holder(tmp_path: Path):
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--backend",
+             "interpret"], cwd=tmp_path, capture_output=True, text=True, timeout=100,
+            env=interpreter_env(TUNER_DATA_DIR=str(tmp_path), TUNER_DATABASE_URL=""))
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"tuner: error: port {port} is already in use by pid {os.getpid()} (")
+    assert "another --port" in line
+    assert not (tmp_path / "tuner.db").exists()  # refused before anything started

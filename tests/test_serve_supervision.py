@@ -12,11 +12,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.support_processes import alive, free_port, interpreter_env, wait_for, wait_ready
+from tests.support_processes import (
+    ROOT,
+    alive,
+    free_port,
+    interpreter_env,
+    wait_for,
+    wait_ready,
+)
 
 
 @contextmanager
@@ -121,3 +129,36 @@ def test_a_port_in_use_is_one_line_naming_the_port_and_its_holder(tmp_path: Path
     assert line.startswith(f"tuner: error: port {port} is already in use by pid {os.getpid()} (")
     assert "another --port" in line
     assert not (tmp_path / "tuner.db").exists()  # refused before anything started
+
+
+def _health(base: str) -> dict[str, Any]:
+    try:
+        response = httpx.get(f"{base}/healthz", timeout=5)
+    except httpx.HTTPError:
+        return {}
+    assert response.status_code == 200  # liveness: the API answers whatever the workers do
+    return dict(response.json())
+
+
+@pytest.mark.timeout(400)
+def test_a_worker_that_keeps_dying_is_restarted_and_healthz_says_so(tmp_path: Path):
+    site = tmp_path / "site"  # the worker processes (only they) exit as they start
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\nif 'worker' in sys.orig_argv:\n    os._exit(3)\n")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with _serve(tmp_path, port, PYTHONPATH=f"{site}{os.pathsep}{ROOT}") as proc:
+        wait_ready(base, proc, timeout=180)
+        health = wait_for(lambda: (h := _health(base)) and (h["supervisor"] or {}).get(
+            "workers", [{}])[0].get("restarts", 0) >= 3 and h, proc, timeout=180)
+        assert health["status"] == "degraded"
+        [worker] = health["supervisor"]["workers"]
+        assert worker["state"] in ("restarting", "running") and worker["exits_in_a_row"] >= 3
+        assert worker["last_exit"].startswith("exited with status 3 after ")
+        assert health["supervisor"]["serve_pid"] == proc.pid
+        down = wait_for(lambda: (h := _health(base)) and h["supervisor"]["workers"][0][
+            "state"] == "restarting" and h, proc, timeout=120)
+        assert down["status"] == "degraded" and down["supervisor"]["workers"][0][
+            "restart_in_s"] >= 0
+        assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200  # lookups go on

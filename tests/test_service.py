@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from db import repo
 from db.engine import init_db
 from tests.api_support import queue_task
 from tests.support_processes import ROOT, interpreter_env, serving, wait_for
-from tuner import service
+from tuner import service, supervision
 from tuner.client import TunerClient
 from tuner.settings import Settings
 
@@ -129,6 +132,69 @@ def test_serve_tells_each_worker_how_many_share_the_machine(monkeypatch):
         pool._spawn(slot)
     assert [cmd[cmd.index("--workers-on-host") + 1] for cmd in started] == ["3", "3", "3"]
     assert [cmd[cmd.index("--device-index") + 1] for cmd in started] == ["0", "1", "2"]
+
+
+def _scripted_pool(tmp_path: Path, script: str, **options: Any) -> service.WorkerPool:
+    """A pool whose workers run ``script`` (real processes), noting when each started."""
+
+    class Scripted(service.WorkerPool):
+        starts: list[float] = []
+
+        def command(self, slot: service._Slot) -> list[str]:
+            return [sys.executable, "-c", script]
+
+        def _spawn(self, slot: service._Slot) -> None:
+            self.starts.append(time.monotonic())
+            super()._spawn(slot)
+
+    return Scripted("interpret", [0], env=dict(os.environ), poll_s=0.01,
+                    state_file=tmp_path / "state.json", **options)
+
+
+def _state(pool: service.WorkerPool) -> dict[str, Any]:
+    assert pool.state_file is not None
+    [worker] = json.loads(pool.state_file.read_text())["workers"]
+    return dict(worker)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_keeps_exiting_is_restarted_forever_after_a_growing_back_off(
+        tmp_path: Path):
+    pool = _scripted_pool(tmp_path, "import sys; sys.exit(3)", first_delay_s=0.02,
+                          max_delay_s=0.16)
+    pool.start()
+    try:  # the pool once gave up after five exits in a row, leaving the device without one
+        wait_for(lambda: _state(pool)["restarts"] >= 8, None, timeout=90)
+        worker = _state(pool)
+    finally:
+        pool.stop()
+    assert worker["exits_in_a_row"] >= 8 and worker["last_exit"].startswith(
+        "exited with status 3 after ")
+    gaps = [b - a for a, b in pairwise(pool.starts)]
+    # each restart waits its back-off, doubling from 0.02 s and capped at 0.16 s
+    assert all(gap >= min(0.16, 0.02 * 2 ** i) for i, gap in enumerate(gaps))
+    assert [supervision.restart_delay(n, 1.0, 60.0) for n in range(9)] == [
+        0, 1, 2, 4, 8, 16, 32, 60, 60]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_stays_up_resets_the_back_off(tmp_path: Path):
+    runs = tmp_path / "runs"
+    # the first three exit at once; the fourth stays up
+    script = (f"import pathlib, sys, time; p = pathlib.Path({str(runs)!r}); "
+              "p.write_text(p.read_text() + 'x' if p.exists() else 'x'); "
+              "sys.exit(3) if len(p.read_text()) <= 3 else time.sleep(600)")
+    pool = _scripted_pool(tmp_path, script, first_delay_s=0.02, quick_s=1.0)
+    pool.start()
+    try:
+        wait_for(lambda: _state(pool)["exits_in_a_row"] == 3, None, timeout=60)
+        assert _state(pool)["restarts"] <= 3
+        wait_for(lambda: _state(pool)["exits_in_a_row"] == 0, None, timeout=60)
+        worker = _state(pool)
+    finally:
+        pool.stop()
+    assert worker["state"] == "running" and worker["restarts"] == 3
+    assert worker["last_exit"].startswith("exited with status 3")
 
 
 def test_a_worker_hands_its_compile_share_to_each_task(monkeypatch, tmp_path: Path):

@@ -18,11 +18,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.backends import resolve_backend_kind
 from tuner.device import DeviceFingerprint, count_gpus_without_init, interpreter_fingerprint
 from tuner.settings import Settings
+from tuner.supervision import exit_reason, restart_delay, write_state
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -231,21 +233,44 @@ class _Slot:
     device_index: int
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
+    #: exits in a row, each within ``quick_s`` of its start (0 once a worker stayed up)
     quick_failures: int = 0
+    restarts: int = 0
+    last_exit: str | None = None
+    #: while no worker runs: when (``time.monotonic()``) the next one starts
+    restart_at: float | None = None
+
+    def public(self) -> dict[str, Any]:
+        """What ``/healthz`` shows of this slot (``api.routes.health``)."""
+        waiting = None if self.restart_at is None else self.restart_at - time.monotonic()
+        return {"device_index": self.device_index,
+                "state": "running" if self.proc is not None else "restarting",
+                "pid": self.proc.pid if self.proc is not None else None,
+                "restarts": self.restarts, "exits_in_a_row": self.quick_failures,
+                "last_exit": self.last_exit,
+                "restart_at": None if waiting is None else time.time() + max(0.0, waiting)}
 
 
 @dataclass
 class WorkerPool:
     """Worker processes of ``serve``: each in its own session (a Ctrl-C at the terminal reaches
-    only ``serve``, which then stops each worker exactly once), restarted when one dies."""
+    only ``serve``, which then stops each worker exactly once), restarted whenever one exits,
+    forever: at once after one that ran ``quick_s`` or more, else after a back-off doubling
+    from ``first_delay_s`` up to ``max_delay_s`` (``supervision.restart_delay``). Each change
+    is written to ``state_file`` for ``/healthz``."""
 
     kind: str
     device_indices: list[int]
     env: dict[str, str]
     grace_s: float = 60.0
-    #: a worker that dies within this many seconds of starting counts as a quick failure
+    #: a worker that exits within this many seconds of starting counts as a quick failure; one
+    #: that stays up this long resets the back-off
     quick_s: float = 30.0
-    max_quick_failures: int = 5
+    first_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+    #: seconds between two looks at the workers
+    poll_s: float = 0.5
+    state_file: Path | None = None
     slots: list[_Slot] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
@@ -253,42 +278,68 @@ class WorkerPool:
         self.slots = [_Slot(i) for i in self.device_indices]
         for slot in self.slots:
             self._spawn(slot)
+        self._publish()
         _start_thread("worker-pool", self._watch)
 
+    def command(self, slot: _Slot) -> list[str]:
+        """The command line of the worker of ``slot``."""
+        return [sys.executable, "-m", "tuner.cli", "worker", "--backend", self.kind,
+                "--device-index", str(slot.device_index), "--parent-pid", str(os.getpid()),
+                "--workers-on-host", str(len(self.slots))]
+
     def _spawn(self, slot: _Slot) -> None:
-        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--backend", self.kind,
-               "--device-index", str(slot.device_index), "--parent-pid", str(os.getpid()),
-               "--workers-on-host", str(len(self.slots))]
-        slot.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True)
+        slot.proc = subprocess.Popen(self.command(slot), env=self.env, start_new_session=True)
         slot.started = time.monotonic()
+        slot.restart_at = None
 
     def _watch(self) -> None:
         # this thread starts the restarted workers, whose parent-death signal fires when it
         # ends (tuner.supervision): it must outlive any one failed restart
-        while not self.stopping.wait(2.0):
+        while not self.stopping.wait(self.poll_s):
             for slot in self.slots:
                 try:
-                    if slot.proc is not None and slot.proc.poll() is not None:
-                        self._restart(slot)
+                    self._tend(slot)
                 except Exception:  # noqa: BLE001 - tried again at the next look
                     log.exception("restarting the worker for device %d failed",
                                   slot.device_index)
 
-    def _restart(self, slot: _Slot) -> None:
-        assert slot.proc is not None
-        code = slot.proc.returncode
-        quick = time.monotonic() - slot.started < self.quick_s
-        slot.quick_failures = slot.quick_failures + 1 if quick else 0
-        if slot.quick_failures >= self.max_quick_failures:
-            log.error("worker for device %d exited %d times right after starting (last exit "
-                      "%s); not restarting it", slot.device_index, slot.quick_failures, code)
-            slot.proc = None
-            return
-        log.warning("worker for device %d exited with %s; restarting it", slot.device_index,
-                    code)
-        time.sleep(5.0 if quick else 0.0)
-        if not self.stopping.is_set():
+    def _tend(self, slot: _Slot) -> None:
+        """Note a worker's exit, start its successor when its back-off has passed, and reset
+        the back-off of one that stayed up ``quick_s``."""
+        now = time.monotonic()
+        if slot.proc is not None:
+            code = slot.proc.poll()
+            if code is None:
+                if slot.quick_failures and now - slot.started >= self.quick_s:
+                    slot.quick_failures = 0
+                    self._publish()
+                return
+            self._exited(slot, code, now)
+        if slot.restart_at is not None and now >= slot.restart_at and not self.stopping.is_set():
             self._spawn(slot)
+            slot.restarts += 1
+            self._publish()
+
+    def _exited(self, slot: _Slot, code: int, now: float) -> None:
+        ran = now - slot.started
+        slot.quick_failures = slot.quick_failures + 1 if ran < self.quick_s else 0
+        delay = restart_delay(slot.quick_failures, self.first_delay_s, self.max_delay_s)
+        slot.last_exit = exit_reason(code, ran)
+        slot.proc = None
+        slot.restart_at = now + delay
+        log.warning("worker for device %d %s; restarting it in %.0f s (%d exits in a row "
+                    "right after starting)", slot.device_index, slot.last_exit, delay,
+                    slot.quick_failures)
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.state_file is None:
+            return
+        try:
+            write_state(self.state_file, {"serve_pid": os.getpid(),
+                                          "workers": [s.public() for s in self.slots]})
+        except OSError as exc:  # /healthz shows the last state written
+            log.warning("could not write the workers' state to %s: %s", self.state_file, exc)
 
     def stop(self) -> None:
         """SIGTERM every worker (each re-queues its task), SIGKILL what is left after
@@ -343,7 +394,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     (SIGINT/SIGTERM)."""
     import uvicorn
 
-    from tuner.supervision import SERVE_PID_ENV, check_address
+    from tuner.supervision import SERVE_PID_ENV, STATE_ENV, check_address
 
     check_address(host, port)  # a port in use: one line naming its holder, before any wait
     wait_for_database(settings)  # migrate once, before workers race to do it
@@ -355,7 +406,9 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     os.environ[SERVE_PID_ENV] = str(os.getpid())  # API processes die with this one
     processes = api_processes(settings, api_workers)
     check_address(host, port)  # again: the database may have taken a while
-    pool = WorkerPool(kind, indices, env=dict(os.environ))
+    state_file = _state_file()
+    os.environ[STATE_ENV] = str(state_file)  # /healthz of the API processes reads it
+    pool = WorkerPool(kind, indices, env=dict(os.environ), state_file=state_file)
     pool.start()
     print(f"API on http://{host}:{port} (docs at /docs), {processes} process(es); "
           f"{len(indices)} {kind} worker(s); database {url}", flush=True)
@@ -370,7 +423,18 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
         log.info("SIGTERM: stopping the workers")
     finally:
         pool.stop()
+        state_file.unlink(missing_ok=True)
     return 0
+
+
+def _state_file() -> Path:
+    """A new file of this ``serve``'s worker states (``tuner.supervision``), in the temporary
+    folder: the data folder may be read-only, or absent with PostgreSQL."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=f"tuner-serve-{os.getpid()}-", suffix=".json")
+    os.close(fd)
+    return Path(name)
 
 
 def api_processes(settings: Settings, requested: int | None = None) -> int:

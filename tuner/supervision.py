@@ -1,5 +1,5 @@
-"""What keeps ``tuner serve``'s processes in step with it: none outlives it, and its address is
-checked before anything starts.
+"""What keeps ``tuner serve``'s processes in step with it: none outlives it, its address is
+checked before anything starts, and what it knows of its workers reaches the API processes.
 
 - **Dying with serve**: the API processes (uvicorn workers) and the worker processes ``serve``
   started are signalled by the kernel the moment it dies, however it dies (``kill -9``
@@ -12,6 +12,11 @@ checked before anything starts.
   exits: ``serve`` starts them from threads that live as long as it does.
 - **The address**: ``check_address`` binds it once before anything starts: a port in use is
   one line naming the port and, where ``/proc`` shows it, the process listening on it.
+- **Worker state**: ``serve``'s pool restarts a worker that exits, forever, after a back-off
+  (``restart_delay``), and writes each worker's state (running or restarting, its restarts
+  and last exit) to a JSON file that ``STATE_ENV`` names, for ``/healthz`` (``read_state``).
+
+Importing this module imports nothing of the engine or the API.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import logging
 import os
 import signal
@@ -35,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: the environment variable through which ``serve`` tells its API processes its pid
 SERVE_PID_ENV = "TUNER_SERVE_PID"
+#: the environment variable naming the file of ``serve``'s worker states
+STATE_ENV = "TUNER_SERVE_STATE"
 #: prctl(2) option: the signal this process gets when its parent dies
 PR_SET_PDEATHSIG = 1
 #: seconds between two looks at the parent's pid (there is no event for "my parent died")
@@ -200,3 +208,46 @@ def _command_of(pid: int, limit: int = 100) -> str:
         return "command unknown"
     text = " ".join(w.decode(errors="replace") for w in words) or "command unknown"
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# -- worker state -------------------------------------------------------------------------------
+
+def restart_delay(quick_failures: int, first_s: float, max_s: float) -> float:
+    """Seconds before a worker is restarted: none after it ran a while (``quick_failures``
+    0), else ``first_s`` doubling with each exit in a row right after starting, capped at
+    ``max_s``."""
+    if quick_failures <= 0:
+        return 0.0
+    return float(min(max_s, first_s * 2.0 ** min(quick_failures - 1, 60)))
+
+
+def exit_reason(returncode: int, ran_s: float) -> str:
+    """``exited with status 3 after 0.4 s`` / ``killed by SIGKILL after 12.0 s``."""
+    if returncode < 0:
+        try:
+            what = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            what = f"killed by signal {-returncode}"
+    else:
+        what = f"exited with status {returncode}"
+    return f"{what} after {ran_s:.1f} s"
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Replace the state file in one rename: a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def read_state() -> dict[str, Any] | None:
+    """The worker states ``serve`` last wrote (``STATE_ENV``), or None: not under ``serve``,
+    or the file is gone or unreadable."""
+    path = os.environ.get(STATE_ENV)
+    if not path:
+        return None
+    try:
+        state = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None

@@ -1,9 +1,16 @@
 """Liveness (``/healthz``: the process answers, and what the database says of the workers:
-each device, each worker process with its GPU, and the queue) and readiness (``/readyz``: the
-database answers, and a SQLite file is still the one opened: ``db.sqlite_file``)."""
+each device, each worker process with its GPU, and the queue; under ``tuner serve``, what it
+knows of the workers it runs) and readiness (``/readyz``: the database answers, and a SQLite
+file is still the one opened: ``db.sqlite_file``).
+
+A worker that is down does not fail either: ``/healthz`` stays 200 (restarting the API would
+not bring back a worker that keeps failing) and says ``"status": "degraded"``, and ``/readyz``
+stays ready (lookups are served without workers); ``supervisor`` says which worker is down,
+why it last exited and when it is restarted."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -16,6 +23,7 @@ from db import repo
 from db.engine import opened_file
 from search_spaces import kernel_names, plugin_errors
 from tuner.settings import Settings
+from tuner.supervision import read_state
 
 router = APIRouter(tags=["health"])
 
@@ -32,6 +40,10 @@ _HEALTHZ_EXAMPLE = {
                              "worker": "gpu0-host-1234", "device": "cuda:NVIDIA H200:sm90",
                              "trials_done": 12, "lease_ok": True}],
                 "queued_tasks": 0},
+    "supervisor": {"serve_pid": 4242,
+                   "workers": [{"device_index": 0, "state": "running", "pid": 4250,
+                                "restarts": 0, "exits_in_a_row": 0, "last_exit": None,
+                                "restart_in_s": None}]},
     "plugins": {"kernels": ["matmul", "softmax"], "errors": []}}
 
 
@@ -69,17 +81,44 @@ def _worker(row: Any, lease_seconds: float) -> dict[str, Any]:
             "task_id": w.task_id, "error": w.error, "seen_seconds_ago": w.seen_seconds_ago}
 
 
+def supervisor_health() -> dict[str, Any] | None:
+    """The workers ``tuner serve`` runs, as it last wrote them (``tuner.supervision``): each
+    one's state (``running``, or ``restarting`` while none runs), pid, restarts, exits in a
+    row right after starting, last exit and seconds until its restart; None when this API
+    does not run under ``serve``."""
+    state = read_state()
+    if state is None:
+        return None
+    now = time.time()
+    workers = []
+    for w in state.get("workers", []):
+        at = w.get("restart_at")
+        workers.append({**{k: v for k, v in w.items() if k != "restart_at"},
+                        "restart_in_s": None if at is None else round(max(0.0, at - now), 1)})
+    return {"serve_pid": state.get("serve_pid"), "workers": workers}
+
+
+def degraded(supervisor: dict[str, Any] | None) -> bool:
+    """Whether a worker of ``serve`` is down, or has not stayed up since it last failed."""
+    return supervisor is not None and any(
+        w.get("state") != "running" or w.get("exits_in_a_row") for w in supervisor["workers"])
+
+
 @router.get("/healthz", responses={200: _example(_HEALTHZ_EXAMPLE, "the process answers")})
 def healthz(request: Request) -> dict[str, Any]:
-    """Always 200 while the process answers; ``workers`` is null when the database is not;
+    """Always 200 while the process answers; ``status`` is ``degraded`` while a worker of
+    ``tuner serve`` is down or restarting (``supervisor``: each one's state and last exit;
+    null when not run by ``serve``); ``workers`` is null when the database is not;
     ``plugins`` lists the registered kernels and the kernel plugins that failed to load."""
     try:
         with request.app.state.session_factory() as session:
             workers: dict[str, Any] | None = worker_health(session, request.app.state.settings)
     except Exception:  # noqa: BLE001 - liveness must not depend on the database
         workers = None
+    supervisor = supervisor_health()
     plugins = {"kernels": kernel_names(), "errors": [e.to_dict() for e in plugin_errors()]}
-    return {"status": "ok", "workers": workers, "plugins": plugins}
+    return {"status": "degraded" if degraded(supervisor) else "ok", "workers": workers,
+            "supervisor": supervisor, "plugins": plugins}
 
 
 def database_file_problem(request: Request) -> str | None:

@@ -35,8 +35,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("no API keys are configured (TUNER_API_KEYS): anyone who can reach "
                         "this API can submit and cancel jobs")
         app.state.session_factory = init_db(settings.resolved_database_url)
-        for name in kernel_names():  # imports torch and triton now, not on the first request
-            get_kernel(name)
+        # imports torch and triton now, not on the first request
+        registered = [get_kernel(name) for name in kernel_names()]
+        # every stored best in memory: lookups go on answering while the database is away
+        index = serving.ServingIndex(app.state.session_factory, settings.serving_refresh_s)
+        index.load_all(registered)
+        app.state.serving_index = index
         # Everything loaded so far (torch, triton, the app) lives as long as the process: keep
         # it out of the garbage collector's full passes, which otherwise walk it all and made
         # one request in ten on a 5,000-trial job page 3x slower (bench/NOTES.md, Dashboard).
@@ -46,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             gc.unfreeze()
+            index.close()
 
     assets = docs_assets()
     # with the assets installed, /docs and /redoc are this app's own (_mount_docs)

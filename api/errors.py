@@ -13,6 +13,8 @@ exception                              status  loc
 ``db.repo.AmbiguousJobId``             409     ``["path", "job_id"]``, with ``candidates``
 other ``tuner.errors.TunerError``      400     ``["body"]``
 ``sqlalchemy.exc.OperationalError``    503     ``["database"]`` (locked, unreachable: retry)
+``NotInMemory``                        503     ``["database"]`` (unreachable, and a lookup's
+                                               configs not in the serving index)
 ``RequestRefused``                     its     ``["header", name]`` or ``["body"]``:
                                                401/403 key, 413 too large, 415 form type,
                                                403 cross-site
@@ -54,6 +56,12 @@ class RequestRefused(HTTPException):
 
 class QueryError(InvalidRequest):
     """An InvalidRequest about a query parameter (``field`` names the parameter)."""
+
+
+class NotInMemory(Exception):
+    """A lookup the serving index cannot answer while the database is unreachable: its
+    configs were never loaded into this process's memory (``api.serving``). The message is
+    the sentence the 503 shows."""
 
 
 def error_body(loc: list[str | int], msg: str, kind: str) -> dict[str, object]:
@@ -107,6 +115,11 @@ async def database_unavailable(_request: Request, exc: Exception) -> JSONRespons
                         headers={"Retry-After": "5"})
 
 
+async def not_in_memory(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body(["database"], str(exc), "database_unavailable"), 503,
+                        headers={"Retry-After": "5"})
+
+
 def refused_response(exc: RequestRefused) -> JSONResponse:
     return JSONResponse(error_body(exc.loc, exc.message, exc.kind), exc.status,
                         headers=exc.headers)
@@ -125,3 +138,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(AmbiguousJobId, ambiguous_job_id)
     app.add_exception_handler(TunerError, tuner_error)
     app.add_exception_handler(OperationalError, database_unavailable)
+    app.add_exception_handler(NotInMemory, not_in_memory)

@@ -239,10 +239,11 @@ class TrialsPublic(BaseModel):
 
 #: how an answer of GET /configs relates to the caller's identity (best first)
 Match = Literal["exact", "nearest", "other-triton", "other-device", "default"]
-#: what became of a reported miss (``report_misses``)
+#: what became of a reported miss (``report_misses``; ``deferred``: kept in memory while the
+#: database is unreachable, recorded once it answers)
 MissOutcome = Literal["queued", "pending", "tuned", "rate-limited", "capped",
                       "kernel-version-mismatch", "no-device", "unknown-device",
-                      "read-only", "failed"]
+                      "read-only", "failed", "deferred"]
 #: the status of a recorded miss (GET /misses)
 MissStatus = Literal["queued", "running", "tuned", "failed", "rate-limited", "capped",
                      "kernel-version-mismatch", "no-device", "unknown-device", "read-only"]

@@ -19,16 +19,31 @@ DELETE of a best or a device) drops the groups at once. ``refresh_s = 0`` turns 
 every lookup reads the database, as before the index (``bench/serving_load.py``'s "before").
 What the version does not see: a replaced best whose new ``updated_at`` is older than the
 newest one stored (a writer whose clock lags the others') shows up at the next other change.
+
+Start-up (``load_all``, from the app's lifespan) loads every stored group in one query, and an
+empty one for each registered kernel's dtypes at its version, when there are at most
+``EAGER_LOAD_MAX_ROWS`` bests.
+
+Database outages: when the version check or a group's load fails because the database cannot
+be reached (``db.transient.is_unavailable``), lookups are answered from the latest copy of
+every group this process loaded (at start, or since) without touching the database, and say
+so (``X-Tuner-Database: unavailable``); a group never loaded is ``NotInMemory`` (a 503). A
+thread tries the database again every ``retry_s`` (``OUTAGE_RETRY_S``) until it answers, so a
+lookup never waits on it. Miss reports that cannot be written are kept (``report_miss``: at
+most ``DEFERRED_MISSES_MAX``, the oldest dropped) and written once it answers, before lookups
+read the database again.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
 from itertools import chain
 from typing import Any
 
@@ -38,15 +53,32 @@ from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
+from api.errors import NotInMemory
 from api.middleware import HttpMiddleware
 from db import repo
+from db.engine import unreachable_reason
 from db.models import BestConfig, Device
+from db.transient import describe, is_unavailable
 from tuner.identity import triton_minor
 from tuner.kernel import TunableKernel
 from tuner.shapes import shape_key
 
+log = logging.getLogger(__name__)
+
 #: default seconds between two version checks of one process's index
 DEFAULT_REFRESH_S = 0.5
+#: seconds between two attempts to reach the database while it is unreachable
+OUTAGE_RETRY_S = 1.0
+#: miss reports kept while the database is unreachable; beyond, the oldest is dropped
+DEFERRED_MISSES_MAX = 1000
+#: ``load_all`` loads every best when there are at most this many: a best costs about 80 us
+#: and 4 KiB held (SQLite, 8 devices, a loaded 2-core machine), so 20,000 take 1.6 s at
+#: start and 75 MiB, what lookups touching every group would load anyway
+EAGER_LOAD_MAX_ROWS = 20_000
+#: the header of an answer made while the database was unreachable: from memory (``Group``s
+#: as last loaded), its misses deferred
+DATABASE_HEADER = "X-Tuner-Database"
+DATABASE_UNAVAILABLE = {DATABASE_HEADER: "unavailable"}
 
 GroupKey = tuple[str, str, str]  # (kernel, kernel version, dtype)
 
@@ -141,28 +173,85 @@ class Group:
         return self.same_minor.get((device_key, minor)) or self.same_minor[(device_key, None)]
 
 
+@dataclass(frozen=True)
+class DeferredMiss:
+    """A miss report (``repo.report_miss``'s arguments) kept while the database is
+    unreachable, written once it answers."""
+
+    device_key: str | None
+    kernel: str
+    kernel_version: str
+    registered_version: str
+    dtype: str
+    shape: dict[str, int]
+    client: str
+    limits: repo.MissLimits
+    label: str | None
+    may_queue: bool
+
+    def write(self, session: Session) -> str:
+        """Record it (``repo.report_miss``) and commit; what became of it."""
+        outcome = repo.report_miss(session, **{f.name: getattr(self, f.name)
+                                               for f in fields(self)})
+        session.commit()  # one miss at a time: its row stays locked until this commit
+        return outcome
+
+
+@dataclass(frozen=True)
+class Outage:
+    """The database unreachable since ``since`` (``time.time()``), for ``reason``."""
+
+    since: float
+    reason: str
+
+
 class ServingIndex:
     """One process's serving index over the store of ``factory`` (thread-safe: lookups run on
     the event loop and in the server's thread pool)."""
 
     def __init__(self, factory: sessionmaker[Session], refresh_s: float = DEFAULT_REFRESH_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 retry_s: float = OUTAGE_RETRY_S,
+                 misses_max: int = DEFERRED_MISSES_MAX) -> None:
         self.factory = factory
         self.refresh_s = refresh_s
         self.clock = clock
+        self.retry_s = retry_s
+        self.misses_max = misses_max
         self._lock = threading.Lock()
         self._groups: dict[GroupKey, Group] = {}
+        #: the latest copy of every group ever loaded: what an outage serves
+        self._last: dict[GroupKey, Group] = {}
         self._version: tuple[Any, ...] | None = None
         self._checked_at = -math.inf
         self._local_writes = _local_writes.count
         self._versions: dict[str, str] = {}  # a kernel's version hashes its source: once
+        self._outage: Outage | None = None
+        self._misses: deque[DeferredMiss] = deque()
+        self._closed = threading.Event()
+        self._recovery: threading.Thread | None = None
         #: version checks and group loads done (tests and the benchmark read them)
         self.checks = 0
         self.loads = 0
+        #: miss reports deferred, written once the database answered, and dropped (the
+        #: oldest beyond ``misses_max``, or refused when written)
+        self.misses_deferred = 0
+        self.misses_written = 0
+        self.misses_dropped = 0
 
     @property
     def enabled(self) -> bool:
         return self.refresh_s > 0
+
+    @property
+    def outage(self) -> Outage | None:
+        """Since when and why the database is unreachable; None while it answers."""
+        return self._outage
+
+    @property
+    def deferred_misses(self) -> int:
+        """Miss reports waiting for the database."""
+        return len(self._misses)
 
     def registered_version(self, kernel: TunableKernel) -> str:
         if kernel.name not in self._versions:
@@ -170,26 +259,121 @@ class ServingIndex:
         return self._versions[kernel.name]
 
     def group(self, kernel: str, kernel_version: str, dtype: str) -> Group:
-        """The candidates of that kernel version and dtype, as of at most ``refresh_s`` ago."""
+        """The candidates of that kernel version and dtype, as of at most ``refresh_s`` ago
+        (``lookup`` without saying where they came from)."""
+        return self.lookup(kernel, kernel_version, dtype)[0]
+
+    def lookup(self, kernel: str, kernel_version: str, dtype: str) -> tuple[Group, bool]:
+        """The candidates of that kernel version and dtype, as of at most ``refresh_s`` ago,
+        and False; while the database is unreachable, their copy in memory and True
+        (``NotInMemory`` when there is none)."""
+        key = (kernel, kernel_version, dtype)
         if not self.enabled:
             with self.factory() as session:
                 return Group.of(repo.serving_candidates(
-                    session, kernel=kernel, kernel_version=kernel_version, dtype=dtype))
-        self._refresh_if_due()
-        key = (kernel, kernel_version, dtype)
-        found = self._groups.get(key)
-        if found is None:
-            with self._lock:
-                found = self._groups.get(key) or self._load(key)
-        return found
+                    session, kernel=kernel, kernel_version=kernel_version, dtype=dtype)), False
+        if self._outage is None:
+            try:
+                self._refresh_if_due()
+                found = self._groups.get(key)
+                if found is None:
+                    with self._lock:
+                        found = self._groups.get(key)
+                        if found is None and self._outage is None:
+                            found = self._load(key)
+                if found is not None:
+                    return found, False
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                self.database_failed(exc)
+        return self._from_memory(key), True
 
-    def cached_group(self, kernel: str, kernel_version: str, dtype: str) -> Group | None:
-        """The group when it can be had without the database (loaded, and no version check
-        due), else None: ``group`` then reads the database."""
-        if not self.enabled or _local_writes.count != self._local_writes \
+    def cached(self, kernel: str, kernel_version: str, dtype: str) -> tuple[Group, bool] | None:
+        """``lookup``'s answer when it can be had without the database (loaded and no version
+        check due, or the database unreachable), else None: ``lookup`` then reads it."""
+        if not self.enabled:
+            return None
+        key = (kernel, kernel_version, dtype)
+        if self._outage is not None:
+            return self._from_memory(key), True
+        if _local_writes.count != self._local_writes \
                 or self.clock() - self._checked_at >= self.refresh_s:
             return None
-        return self._groups.get((kernel, kernel_version, dtype))
+        found = self._groups.get(key)
+        return None if found is None else (found, False)
+
+    def load_all(self, registered: Iterable[TunableKernel] = ()) -> bool:
+        """Load every stored group, and an empty one for each ``registered`` kernel's dtypes
+        at its version that has no best, when there are at most ``EAGER_LOAD_MAX_ROWS`` bests:
+        an outage then finds them all in memory. False when there were more, or the database
+        failed (logged: lookups load groups on use then)."""
+        if not self.enabled:
+            return False
+        local = _local_writes.count
+        try:
+            with self.factory() as session:
+                version = repo.best_configs_version(session)
+                if version[0] > EAGER_LOAD_MAX_ROWS:
+                    log.info("serving index: %d stored bests, more than %d: groups are "
+                             "loaded on first use", version[0], EAGER_LOAD_MAX_ROWS)
+                    return False
+                candidates = repo.all_serving_candidates(session)
+        except Exception as exc:  # noqa: BLE001 - lookups load on use instead
+            log.warning("serving index: the bests could not be loaded at start (%s); groups "
+                        "are loaded on first use", describe(exc))
+            return False
+        groups = {key: Group.of(rows) for key, rows in candidates.items()}
+        for kernel in registered:
+            for dtype in kernel.dtypes:
+                groups.setdefault((kernel.name, self.registered_version(kernel), dtype),
+                                  Group.of([]))
+        with self._lock:
+            self._groups, self._version = groups, version
+            self._last.update(groups)
+            self._checked_at, self._local_writes = self.clock(), local
+            self.checks += 1
+            self.loads += len(candidates)
+        return True
+
+    def report_miss(self, session: Session, miss: DeferredMiss) -> str:
+        """``miss`` written through ``session`` (``DeferredMiss.write``); "deferred" while the
+        database is unreachable: kept in memory, written once it answers."""
+        if self._defer(miss):
+            return "deferred"
+        try:
+            return miss.write(session)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            _rollback(session)
+            self.database_failed(exc, defer=miss)
+            return "deferred"
+
+    def database_failed(self, exc: BaseException, defer: DeferredMiss | None = None) -> None:
+        """The database did not answer (``exc``): lookups are answered from memory, and
+        ``defer`` kept, until a thread that tries it every ``retry_s`` reaches it."""
+        with self._lock:
+            if self._outage is None:
+                self._outage = Outage(time.time(), unreachable_reason(exc))
+                log.warning("the database is unreachable (%s): lookups are answered from the "
+                            "serving index's memory, and miss reports are kept until it "
+                            "answers", self._outage.reason)
+                if not self._closed.is_set():
+                    self._recovery = threading.Thread(target=self._recover, daemon=True,
+                                                      name="serving-index-recovery")
+                    self._recovery.start()
+            if defer is not None:
+                self._append(defer)
+
+    def close(self) -> None:
+        """Stop trying to reach the database (the app's shutdown); deferred misses are lost."""
+        self._closed.set()
+        if self._recovery is not None:
+            self._recovery.join(timeout=10)
+        if self._misses:
+            log.warning("%d deferred miss reports were never written: the database did not "
+                        "answer before shutdown", len(self._misses))
 
     def _refresh_if_due(self) -> None:
         local = _local_writes.count != self._local_writes
@@ -198,16 +382,21 @@ class ServingIndex:
         with self._lock:
             now = self.clock()
             local = _local_writes.count != self._local_writes
-            if not local and now - self._checked_at < self.refresh_s:
+            if self._outage is not None or (not local and now - self._checked_at < self.refresh_s):
                 return  # another thread checked meanwhile
-            self._local_writes = _local_writes.count
+            count = _local_writes.count
             with self.factory() as session:
                 version = repo.best_configs_version(session)
-            self.checks += 1
-            if local or version != self._version:
-                self._groups = {}  # groups loaded from here on see at least ``version``
-                self._version = version
-            self._checked_at = now
+            self._local_writes = count
+            self._update(version, local, now)
+
+    def _update(self, version: tuple[Any, ...], local: bool, now: float) -> None:
+        """A version check's result (under the lock)."""
+        self.checks += 1
+        if local or version != self._version:
+            self._groups = {}  # groups loaded from here on see at least ``version``
+            self._version = version
+        self._checked_at = now
 
     def _load(self, key: GroupKey) -> Group:
         kernel, kernel_version, dtype = key
@@ -215,8 +404,97 @@ class ServingIndex:
             group = Group.of(repo.serving_candidates(
                 session, kernel=kernel, kernel_version=kernel_version, dtype=dtype))
         self.loads += 1
-        self._groups[key] = group
+        self._groups[key] = self._last[key] = group
         return group
+
+    def _from_memory(self, key: GroupKey) -> Group:
+        found = self._last.get(key)
+        if found is None:
+            kernel, kernel_version, dtype = key
+            raise NotInMemory(f"the database is unavailable and the configs of {kernel} "
+                              f"{dtype} (kernel version {kernel_version}) were not in this "
+                              "API process's memory: retry once the database is back")
+        return found
+
+    # -- the outage -----------------------------------------------------------------------
+
+    def _defer(self, miss: DeferredMiss) -> bool:
+        """Keep ``miss`` when the database is unreachable (True), else False."""
+        with self._lock:
+            if self._outage is None:
+                return False
+            self._append(miss)
+            return True
+
+    def _append(self, miss: DeferredMiss) -> None:
+        if len(self._misses) >= self.misses_max:
+            self._misses.popleft()
+            self.misses_dropped += 1
+        self._misses.append(miss)
+        self.misses_deferred += 1
+
+    def _recover(self) -> None:
+        while not self._closed.wait(self.retry_s):
+            if self._probe():
+                return
+
+    def _probe(self) -> bool:
+        """One try of the database: when it answers, the index is brought up to date, the
+        deferred misses are written and the outage ends (True)."""
+        try:
+            with self.factory() as session:
+                version = repo.best_configs_version(session)
+        except Exception as exc:  # noqa: BLE001 - tried again in retry_s
+            if not is_unavailable(exc):
+                log.warning("the database failed while it was tried again (%s)", describe(exc))
+            return False
+        with self._lock:
+            local = _local_writes.count != self._local_writes
+            self._local_writes = _local_writes.count
+            self._update(version, local, self.clock())
+        return self._write_deferred()
+
+    def _write_deferred(self) -> bool:
+        """Write the deferred misses, oldest first; once none is left the outage ends (True).
+        False when the database failed again (the miss being written is kept)."""
+        written = 0
+        with self.factory() as session:
+            while True:
+                with self._lock:
+                    if not self._misses:
+                        outage, self._outage = self._outage, None
+                        break
+                    miss = self._misses.popleft()
+                try:
+                    miss.write(session)
+                    written += 1
+                except Exception as exc:  # noqa: BLE001 - kept, or dropped when refused
+                    _rollback(session)
+                    with self._lock:
+                        if is_unavailable(exc):
+                            if len(self._misses) < self.misses_max:
+                                self._misses.appendleft(miss)
+                            else:
+                                self.misses_dropped += 1
+                            self.misses_written += written
+                            return False
+                        self.misses_dropped += 1
+                    log.warning("a deferred miss report of %s could not be written (%s): "
+                                "dropped", miss.kernel, describe(exc))
+        self.misses_written += written
+        since = outage.since if outage else time.time()
+        log.warning("the database answers again after %.1f s: lookups read it again; %d "
+                    "deferred miss reports written (%d dropped in all)",
+                    time.time() - since, written, self.misses_dropped)
+        return True
+
+
+def _rollback(session: Session) -> None:
+    """Roll back what failed; a connection that is gone cannot, and need not."""
+    try:
+        session.rollback()
+    except Exception:  # noqa: BLE001, S110 - nothing was written
+        pass
 
 
 async def serving_index(request: Request) -> ServingIndex:

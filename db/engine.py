@@ -47,6 +47,10 @@ def is_sqlite(url: str) -> bool:
 #: the ``application_name`` of the service's PostgreSQL connections (``pg_stat_activity``
 #: tells them from an operator's psql sessions by it)
 APPLICATION_NAME = "tuner"
+#: seconds a PostgreSQL connection attempt waits for the server (libpq's ``connect_timeout``;
+#: unset, a server whose host drops packets holds it for minutes): the first lookup to find the
+#: database gone waits this long at most (``api.serving``). The URL's ``?connect_timeout=`` wins
+CONNECT_TIMEOUT_S = 5
 
 
 def make_engine(url: str, *, create_folder: bool = True) -> Engine:
@@ -58,7 +62,8 @@ def make_engine(url: str, *, create_folder: bool = True) -> Engine:
     url = normalise_url(url)
     if not is_sqlite(url):
         return create_engine(url, pool_pre_ping=True,
-                             connect_args={"application_name": APPLICATION_NAME})
+                             connect_args={"application_name": APPLICATION_NAME,
+                                           **_connect_timeout(url)})
     database = make_url(url).database
     in_memory = database in (None, "", ":memory:")
     if not in_memory:
@@ -69,6 +74,12 @@ def make_engine(url: str, *, create_folder: bool = True) -> Engine:
         **({"poolclass": StaticPool} if in_memory else {}))
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def _connect_timeout(url: str) -> dict[str, int]:
+    """``CONNECT_TIMEOUT_S`` as a connection argument, unless the URL sets its own."""
+    return {} if "connect_timeout" in make_url(url).query else {
+        "connect_timeout": CONNECT_TIMEOUT_S}
 
 
 def _sqlite_folder(database: str, create: bool) -> None:

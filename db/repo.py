@@ -1079,6 +1079,19 @@ def serving_candidates(session: Session, *, kernel: str, kernel_version: str,
                       log_shape(row.shape), row.updated_at.timestamp()) for row, kind in rows]
 
 
+def all_serving_candidates(session: Session) -> dict[tuple[str, str, str], list[Candidate]]:
+    """Every stored best as ``serving_candidates`` gives it, by (kernel, kernel version, dtype),
+    in one query (the serving index loads them all at start)."""
+    groups: dict[tuple[str, str, str], list[Candidate]] = {}
+    rows = session.execute(select(BestConfig, Device.kind).outerjoin(
+        Device, Device.key == BestConfig.device_key).order_by(BestConfig.id))
+    for row, kind in rows:
+        groups.setdefault((row.kernel, row.kernel_version, row.dtype), []).append(Candidate(
+            row, kind, row.device_key, row.shape_key, row.triton_version, log_shape(row.shape),
+            row.updated_at.timestamp()))
+    return groups
+
+
 def serve_best(candidates: Iterable[Candidate], *, shape: Mapping[str, int],
                device_key: str | None, triton_version: str | None) -> Served | None:
     """The config to serve a caller from ``serving_candidates`` (its kernel version and

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,14 @@ def is_transient(exc: BaseException) -> bool:
         return True
     text = str(orig).lower()
     return any(fragment in text for fragment in _TRANSIENT_TEXT)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached or read now: a transient error
+    (``is_transient``) or any OperationalError, the class drivers raise for a server or file
+    that cannot be opened (SQLite's "unable to open database file") and that the API answers
+    503 (``api.errors``). The serving index answers lookups from memory then."""
+    return isinstance(exc, OperationalError) or is_transient(exc)
 
 
 def backoff_delays(window_s: float) -> tuple[float, ...]:

@@ -383,7 +383,8 @@ def test_misses_are_listed_newest_first_and_filtered(make_client):
 
 def test_the_api_documents_every_status_a_miss_can_have():
     assert set(get_args(MissStatus)) == set(repo.MISS_STATUSES)
-    assert set(get_args(MissOutcome)) == {*repo.MISS_STATUSES, "pending"} - {"running"}
+    assert set(get_args(MissOutcome)) == {*repo.MISS_STATUSES, "pending", "deferred"} - {
+        "running"}
 
 
 def test_the_client_name_is_at_most_100_characters(make_client):

@@ -4,14 +4,16 @@ the kernel's default. The bulk query can also report what was not exact as misse
 
 Lookups are answered from the process's serving index (``api/serving.py``): no database query
 per lookup; a bulk query's items cost O(candidates of their kernel and dtype) each, the exact
-shape found by a dict lookup. Misses are still recorded in the database."""
+shape found by a dict lookup. Misses are still recorded in the database. While the database is
+unreachable, lookups are answered from memory and misses deferred, and the response says so
+(``X-Tuner-Database: unavailable``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.models import Example
 from fastapi.responses import JSONResponse
@@ -33,7 +35,14 @@ from api.schemas import (
     StaleConfigsPublic,
     StaleReason,
 )
-from api.serving import Group, GroupKey, ServingIndex, serving_index
+from api.serving import (
+    DATABASE_UNAVAILABLE,
+    DeferredMiss,
+    Group,
+    GroupKey,
+    ServingIndex,
+    serving_index,
+)
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo, views
 from search_spaces import get_kernel, kernel_names
@@ -110,6 +119,8 @@ class Lookup:
     def __init__(self, index: ServingIndex) -> None:
         self.index = index
         self._groups: dict[GroupKey, Group] = {}
+        #: whether a group came from memory because the database was unreachable
+        self.from_memory = False
 
     def registered_version(self, kernel: TunableKernel) -> str:
         return self.index.registered_version(kernel)
@@ -122,7 +133,9 @@ class Lookup:
         key = self.key(kernel, dtype, kernel_version)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = self.index.group(*key)
+            group, from_memory = self.index.lookup(*key)
+            self._groups[key] = group
+            self.from_memory |= from_memory
         return answer_from(group, kernel, dtype, shape, device, triton_version)
 
 
@@ -157,7 +170,7 @@ def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
             responses={404: {"model": ConfigPublic,
                              "description": "nothing tuned applies: the body carries the "
                                             "kernel's default (``match: default``)"}})
-async def get_config(request: Request, index: IndexDep,
+async def get_config(request: Request, response: Response, index: IndexDep,
                kernel: str = Query(max_length=100, openapi_examples=_example("matmul")),
                dtype: str = Query(max_length=20, openapi_examples=_example("float16")),
                device: str | None = Query(None, max_length=DEVICE_KEY_MAX,
@@ -190,6 +203,10 @@ async def get_config(request: Request, index: IndexDep,
 
     Without ``device`` the caller's GPU is unknown: ``other-device`` at best. A config tuned
     for another ``kernel_version`` (default: the kernel registered here) is never served.
+
+    While the database is unreachable the answer comes from this process's memory (the
+    configs as last loaded) with ``X-Tuner-Database: unavailable``; a kernel version and dtype
+    never loaded is a 503 that says so.
     """
     try:
         k = kernel_or_error(kernel, "kernel")
@@ -200,12 +217,16 @@ async def get_config(request: Request, index: IndexDep,
     # on the event loop: a thread pool's hand-offs cost more than the lookup; the database
     # (a version check every refresh_s, a group's load) is read in the pool
     key = Lookup(index).key(k, dtype, kernel_version)
-    group = index.cached_group(*key)
-    if group is None:
-        group = await run_in_threadpool(index.group, *key)
+    found = index.cached(*key)
+    if found is None:
+        found = await run_in_threadpool(index.lookup, *key)
+    group, from_memory = found
+    headers = DATABASE_UNAVAILABLE if from_memory else None
     result = answer_from(group, k, dtype, shape, device, triton_version)
     if result.match == "default":
-        return JSONResponse(result.model_dump(), status_code=404)
+        return JSONResponse(result.model_dump(), status_code=404, headers=headers)
+    if headers:
+        response.headers.update(headers)
     return result
 
 
@@ -226,7 +247,7 @@ def _limits(settings: Settings) -> repo.MissLimits:
 
 
 @router.post("/query", response_model=ConfigsPublic, dependencies=[ReadAccess])
-def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
+def query_configs(body: ConfigQuery, request: Request, response: Response, session: SessionDep,
                   settings: SettingsDep, index: IndexDep) -> ConfigsPublic:
     """Many lookups in one request (model start-up): 200 with one answer per item, in order,
     each matched to the item's ``device``, ``kernel_version`` and ``triton_version`` as
@@ -245,7 +266,12 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
     tuning would tune other code), ``no-device`` (no device to tune on), ``unknown-device``
     (no worker has ever registered the caller's ``device``), ``read-only`` (the caller may
     not queue: when API keys are configured, queueing needs a key with write access; a
-    read-only key's or no key's misses are recorded, and still shown on the dashboard).
+    read-only key's or no key's misses are recorded, and still shown on the dashboard), or
+    ``deferred`` (the database is unreachable: the report is kept in this process's memory,
+    and recorded once the database answers).
+
+    While the database is unreachable, answers come from this process's memory, as GET
+    /configs's do, with ``X-Tuner-Database: unavailable``.
 
     The rate limit counts the caller's API key (a digest of it), else its address;
     ``client`` only names the caller in GET /misses.
@@ -258,14 +284,15 @@ def query_configs(body: ConfigQuery, request: Request, session: SessionDep,
         answer = lookup.answer(k, item.dtype, shape, item.device, item.kernel_version,
                                item.triton_version)
         if body.report_misses and answer.match != "exact":
-            answer.miss = cast(MissOutcome, repo.report_miss(
-                session, device_key=item.device, kernel=k.name,
+            answer.miss = cast(MissOutcome, index.report_miss(session, DeferredMiss(
+                device_key=item.device, kernel=k.name,
                 kernel_version=item.kernel_version or lookup.registered_version(k),
                 registered_version=lookup.registered_version(k),
                 dtype=item.dtype, shape=shape, client=client, limits=_limits(settings),
-                label=body.client, may_queue=may_queue))
-            session.commit()  # one miss at a time: its row stays locked until this commit
+                label=body.client, may_queue=may_queue)))
         data.append(answer)
+    if lookup.from_memory or any(answer.miss == "deferred" for answer in data):
+        response.headers.update(DATABASE_UNAVAILABLE)
     return ConfigsPublic(data=data, count=len(data))
 
 

@@ -8,10 +8,12 @@ Three sources, one namespace of kernel names:
 - ``TUNER_KERNELS``: comma-separated ``module:attribute`` references importable here (and on
   the worker's machine, whose measuring processes import the same reference).
 
-Plugins are imported once, on the first lookup. One that fails to import, is not a
+Plugins are imported once, on the first lookup, each in a thread of its own for at most
+``TUNER_PLUGIN_IMPORT_TIMEOUT_S`` seconds (default 30). One that fails to import (whatever it
+raises, ``sys.exit`` included), hangs while importing (its thread is left behind), is not a
 ``TunableKernel`` or takes a name already registered is reported by ``plugin_errors()`` (its
-source, reference and the error) and never stops the other kernels. Kernel source is never
-accepted over HTTP: only code installed on this machine is loaded.
+source, reference and the error) and never stops the other kernels, nor the process. Kernel
+source is never accepted over HTTP: only code installed on this machine is loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+import math
 import os
+import sys
 import threading
 import traceback
 from dataclasses import dataclass
@@ -33,6 +37,9 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "tuner.kernels"
 #: the environment variable listing ``module:attribute`` references
 ENV_VAR = "TUNER_KERNELS"
+#: the environment variable bounding each plugin's import, in seconds
+TIMEOUT_VAR = "TUNER_PLUGIN_IMPORT_TIMEOUT_S"
+DEFAULT_IMPORT_TIMEOUT_S = 30.0
 
 BUILTINS: dict[str, str] = {
     "matmul": "search_spaces.matmul:KERNEL",
@@ -101,15 +108,71 @@ def _load_plugin(ref: str) -> TunableKernel:
     return kernel
 
 
+def import_timeout_s() -> float:
+    """``TUNER_PLUGIN_IMPORT_TIMEOUT_S``, else 30 (a value that is no positive number: 30 and
+    a warning; ``Settings`` refuses it at a service's start)."""
+    text = os.environ.get(TIMEOUT_VAR, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_IMPORT_TIMEOUT_S
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        log.warning("%s must be a positive number of seconds; using %g", TIMEOUT_VAR,
+                    DEFAULT_IMPORT_TIMEOUT_S)
+        return DEFAULT_IMPORT_TIMEOUT_S
+    return value
+
+
+class PluginImportFailed(Exception):
+    """A plugin's import hung or raised what no plugin may (``SystemExit``, any other
+    BaseException): the message says which, as a sentence."""
+
+
+def _load_bounded(ref: str, timeout_s: float) -> TunableKernel:
+    """``_load_plugin(ref)`` in a thread of its own, given up after ``timeout_s`` (the thread,
+    a daemon, is left where it hangs). What the plugin raised is raised here: an Exception as
+    it is, any other BaseException (``sys.exit``) and a hang as PluginImportFailed."""
+    outcome: list[TunableKernel | BaseException] = []
+
+    def load() -> None:
+        try:
+            outcome.append(_load_plugin(ref))
+        except BaseException as exc:  # noqa: BLE001 - a plugin must not stop the process
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True, name=f"import {ref}")
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise PluginImportFailed(f"its import did not finish within {timeout_s:g} s"
+                                 f"{_where(thread)} ({TIMEOUT_VAR}); skipped")
+    [result] = outcome
+    if isinstance(result, Exception):
+        raise result
+    if isinstance(result, SystemExit):
+        raise PluginImportFailed(f"it called sys.exit({result.code!r}) while importing")
+    if isinstance(result, BaseException):
+        raise PluginImportFailed(f"it raised {_one_line(result)} while importing")
+    return result
+
+
+def _where(thread: threading.Thread) -> str:
+    """`` (stuck at file.py:3)``: the line a hung import thread is at, or ``""``."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "" if frame is None else f" (stuck at {frame.f_code.co_filename}:{frame.f_lineno})"
+
+
 def _load_plugins() -> _State:
     state = _State({}, [])
     sources = [*_entry_points(), *(("TUNER_KERNELS", ref) for ref in _env_refs())]
+    timeout_s = import_timeout_s()
     for source, ref in sources:
         try:
-            kernel = _load_plugin(ref)
+            kernel = _load_bounded(ref, timeout_s)
         except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the rest
-            state.errors.append(PluginError(source, ref, _one_line(exc)))
-            log.error("kernel plugin %s (%s) not loaded: %s", ref, source, _one_line(exc))
+            error = str(exc) if isinstance(exc, PluginImportFailed) else _one_line(exc)
+            state.errors.append(PluginError(source, ref, error))
+            log.error("kernel plugin %s (%s) not loaded: %s", ref, source, error)
             continue
         taken = kernel.name in BUILTINS or kernel.name in state.plugins
         if taken and state.plugins.get(kernel.name) is not kernel:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,28 @@ def test_the_cli_lists_plugins_and_names_the_broken_one(broken_plugin):
         done.stdout)
     assert "broken_kernel:KERNEL (TUNER_KERNELS): RuntimeError: this plugin is broken" in (
         done.stderr)
+
+
+def test_a_plugin_that_hangs_or_exits_while_importing_is_reported_and_skipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "hangs_on_import_kernel.py").write_text("import time\n\ntime.sleep(3600)\n")
+    (tmp_path / "exits_on_import_kernel.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "interrupts_on_import_kernel.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.setenv("TUNER_PLUGIN_IMPORT_TIMEOUT_S", "1")
+    refs = "hangs_on_import_kernel:KERNEL,exits_on_import_kernel:KERNEL," \
+           "interrupts_on_import_kernel:KERNEL"
+    with registered(extra_refs=refs, extra_path=tmp_path):
+        started = time.monotonic()
+        assert "bias_gelu" in search_spaces.kernel_names()
+        assert time.monotonic() - started < 60  # not the hour the first one sleeps
+        errors = {e.ref: e.error for e in search_spaces.plugin_errors()}
+    assert errors["hangs_on_import_kernel:KERNEL"].startswith(
+        "its import did not finish within 1 s (stuck at ")
+    assert "hangs_on_import_kernel.py:3) (TUNER_PLUGIN_IMPORT_TIMEOUT_S); skipped" in errors[
+        "hangs_on_import_kernel:KERNEL"]
+    assert errors["exits_on_import_kernel:KERNEL"] == "it called sys.exit(3) while importing"
+    assert errors["interrupts_on_import_kernel:KERNEL"] == (
+        "it raised KeyboardInterrupt while importing")
 
 
 def test_a_kernel_name_clash_is_reported_not_registered(tmp_path: Path):

@@ -162,3 +162,26 @@ def test_a_worker_that_keeps_dying_is_restarted_and_healthz_says_so(tmp_path: Pa
         assert down["status"] == "degraded" and down["supervisor"]["workers"][0][
             "restart_in_s"] >= 0
         assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200  # lookups go on
+
+
+@pytest.mark.timeout(400)
+def test_a_plugin_that_hangs_or_exits_while_importing_neither_holds_nor_stops_serve(
+        tmp_path: Path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "hangs_kernel.py").write_text("import time\n\ntime.sleep(3600)\n")
+    (plugins / "exits_kernel.py").write_text("import sys\n\nsys.exit(3)\n")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with _serve(tmp_path, port, PYTHONPATH=f"{plugins}{os.pathsep}{ROOT}",
+                TUNER_KERNELS="hangs_kernel:KERNEL,exits_kernel:KERNEL",
+                TUNER_PLUGIN_IMPORT_TIMEOUT_S="2") as proc:
+        wait_ready(base, proc, timeout=180)
+        errors = {e["ref"]: e["error"] for e in _health(base)["plugins"]["errors"]}
+        assert "did not finish within 2 s" in errors["hangs_kernel:KERNEL"]
+        assert errors["exits_kernel:KERNEL"] == "it called sys.exit(3) while importing"
+        kernels = httpx.get(f"{base}/api/v1/kernels", timeout=10).json()
+        assert {e["ref"] for e in kernels["errors"]} == set(errors)
+        assert "matmul" in {k["name"] for k in kernels["data"]}
+        wait_for(lambda: _idle_worker(base), proc, timeout=180)  # the worker got past them too
+        assert proc.poll() is None

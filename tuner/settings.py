@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     #: jobs that only the CPU interpreter can run are refused when one trial of a shape is
     #: estimated to take longer than this many seconds (``api/validation.py``)
     interpreter_trial_limit_s: float = Field(default=600.0, gt=0)
+    #: seconds each kernel plugin's import may take (``search_spaces.registry``, which reads
+    #: it): one that hangs longer is reported and skipped
+    plugin_import_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
 
     @field_validator("data_dir", mode="before")
     @classmethod

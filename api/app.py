@@ -67,8 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(HostileInputGuard)  # NUL, surrogates, NaN: a 422 before any route
     serving.install(app)  # Server-Timing on every response
-    # outermost: keys and the body limit before any body is read
-    app.add_middleware(RequestGate, routes=access_table(API_PREFIX, routers))
+    # outermost: the host, keys and the body limit before any body is read
+    app.add_middleware(RequestGate, routes=access_table(API_PREFIX, routers),
+                       hosts=settings.parsed_allowed_hosts())
     _document(app)
     if assets:
         _mount_docs(app, assets)

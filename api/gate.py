@@ -1,5 +1,8 @@
-"""What is refused before a route runs and before its body is read (``RequestGate``): a
-request that changes state is checked for the key its route needs first, so that a caller
+"""What is refused before a route runs and before its body is read (``RequestGate``): any
+request whose ``Host`` header names a host this service does not answer for (400,
+``TUNER_ALLOWED_HOSTS``: a page of another site reaching a service on this machine through a
+name of its own, DNS rebinding, is refused so); a request that changes state is checked for the
+key its route needs first, so that a caller
 without one costs no memory (eight 100 MB bodies without a key once took an API process from
 384 to 1,087 MB); then its body is limited to ``TUNER_MAX_BODY_BYTES``.
 
@@ -69,17 +72,25 @@ def route_access(table: tuple[RouteAccess, ...], scope: Scope) -> Access:
 
 
 class RequestGate(HttpMiddleware):
-    """Refuses, with ``api.errors.refused_response``: a cross-site request (403), one without
-    the key its route needs (401/403; ``routes``: the table of ``access_table``), a form type
-    on a write route (415), a body larger than ``TUNER_MAX_BODY_BYTES`` (413: by its
-    ``Content-Length`` before it is read, else as soon as the body read so far passes the
-    limit). Requests with a safe method pass untouched."""
+    """Refuses, with ``api.errors.refused_response``: a host not in ``hosts`` (400; None: any
+    host), a cross-site request (403), one without the key its route needs (401/403;
+    ``routes``: the table of ``access_table``), a form type on a write route (415), a body
+    larger than ``TUNER_MAX_BODY_BYTES`` (413: by its ``Content-Length`` before it is read,
+    else as soon as the body read so far passes the limit). Requests with a safe method are
+    checked for their host alone."""
 
-    def __init__(self, app: ASGIApp, routes: tuple[RouteAccess, ...]) -> None:
+    def __init__(self, app: ASGIApp, routes: tuple[RouteAccess, ...],
+                 hosts: tuple[str, ...] | None = None) -> None:
         super().__init__(app)
         self.routes = routes
+        self.hosts = hosts
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hosts is not None:
+            refusal = host_refusal(scope, self.hosts)
+            if refusal is not None:
+                await refused_response(refusal)(scope, receive, send)
+                return
         if scope["method"] in SAFE_METHODS:
             await self.app(scope, receive, send)
             return
@@ -113,6 +124,31 @@ def check_head(scope: Scope, settings: Settings, access: Access) -> None:
     if access == "write":
         check_not_form(headers)
     check_length(headers, settings.max_body_bytes)
+
+
+def host_refusal(scope: Scope, hosts: tuple[str, ...]) -> RequestRefused | None:
+    """A 400 for a request whose Host header (with HTTP/1.0, perhaps none) names no host of
+    ``hosts`` (``Settings.parsed_allowed_hosts``: names, ``*.suffix`` for subdomains)."""
+    header = next((v for k, v in scope["headers"] if k == b"host"), None)
+    host = host_name(header.decode("latin-1")) if header is not None else None
+    if host is not None and any(host == h or (h.startswith("*.") and host.endswith(h[1:]))
+                                for h in hosts):
+        return None
+    what = "without a Host header" if header is None else "for a host it does not serve"
+    return RequestRefused(400, f"this service refuses requests {what}; it answers for "
+                          f"{', '.join(hosts)} (TUNER_ALLOWED_HOSTS)", ["header", "host"],
+                          "host_not_allowed")
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header: lower case, without its port or a trailing dot, an IPv6
+    address without its brackets (``[::1]:8000`` -> ``::1``)."""
+    text = header.strip().lower()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    return text.rstrip(".")
 
 
 def check_same_site(headers: Headers) -> None:

@@ -177,3 +177,73 @@ def test_a_lookup_is_not_slowed_or_changed_by_the_gate(api_client):
     got = api_client.get("/api/v1/configs", params={"kernel": "matmul", "dtype": "float16",
                                                     **SHAPE})
     assert got.status_code == 404 and got.json()["match"] == "default"
+
+
+# -- the Host header ----------------------------------------------------------------------------
+
+ALLOWED = "tuner.example.com,*.corp.example,[::1]"
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/healthz"), ("GET", "/api/v1/kernels"), ("GET", "/"), ("POST", "/api/v1/jobs")])
+def test_a_host_not_allowed_is_refused_with_a_sentence_on_every_route(api_db_url, method,
+                                                                      path):
+    with TestClient(create_app(Settings(database_url=api_db_url, allowed_hosts=ALLOWED)),
+                    base_url="http://rebound.attacker.example") as client:
+        got = client.request(method, path, json=JOB if method == "POST" else None)
+    assert got.status_code == 400
+    [error] = got.json()["detail"]
+    assert error["loc"] == ["header", "host"] and error["type"] == "host_not_allowed"
+    assert error["msg"] == ("this service refuses requests for a host it does not serve; it "
+                            "answers for tuner.example.com, *.corp.example, ::1 "
+                            "(TUNER_ALLOWED_HOSTS)")
+
+
+@pytest.mark.parametrize("host", [
+    "tuner.example.com", "TUNER.example.com:8000", "gpu.corp.example", "a.b.corp.example.",
+    "[::1]:8000"])
+def test_an_allowed_host_is_answered(api_db_url, host):
+    with TestClient(create_app(Settings(database_url=api_db_url, allowed_hosts=ALLOWED))
+                    ) as client:
+        assert client.get("/healthz", headers={"host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["corp.example", "evilcorp.example", "tuner.example.com.evil",
+                                  "[::2]:8000", ""])
+def test_a_host_that_only_resembles_an_allowed_one_is_refused(api_db_url, host):
+    with TestClient(create_app(Settings(database_url=api_db_url, allowed_hosts=ALLOWED))
+                    ) as client:
+        assert client.get("/healthz", headers={"host": host}).status_code == 400
+
+
+def test_without_allowed_hosts_an_app_answers_any_host(api_client):
+    assert api_client.get("/healthz", headers={"host": "anything.example"}).status_code == 200
+
+
+@pytest.mark.parametrize("hosts", ["http://tuner.example.com", "tuner.example.com:8000",
+                                   "a b", "example.com/x"])
+def test_an_allowed_host_with_a_scheme_port_or_path_stops_start_up(hosts, monkeypatch):
+    monkeypatch.setenv("TUNER_ALLOWED_HOSTS", hosts)
+    with pytest.raises(ValidationError) as err:
+        Settings()
+    assert "TUNER_ALLOWED_HOSTS: entry 1 is not a host name" in str(err.value)
+
+
+def test_serve_answers_its_loopback_names_and_its_host_or_any_on_every_address():
+    from tuner.service import default_allowed_hosts
+
+    assert default_allowed_hosts("127.0.0.1") == "localhost,127.0.0.1,::1"
+    assert default_allowed_hosts("tuner-1.cluster") == "localhost,127.0.0.1,::1,tuner-1.cluster"
+    assert default_allowed_hosts("10.0.0.5") == "localhost,127.0.0.1,::1,10.0.0.5"
+    assert default_allowed_hosts("0.0.0.0") == default_allowed_hosts("::") == "*"
+
+
+def test_a_request_without_a_host_header_is_refused_where_hosts_are_listed(api_db_url):
+    with running_app(Settings(database_url=api_db_url, allowed_hosts=ALLOWED)) as base:
+        url = urlsplit(base)
+        assert url.hostname is not None and url.port is not None
+        with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")  # HTTP/1.0 may omit Host
+            status, body = read_response(sock)
+    assert status == 400 and body["detail"][0]["msg"].startswith(
+        "this service refuses requests without a Host header")

@@ -3,6 +3,7 @@ processes, real signals, real sockets (``tuner.supervision``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -185,3 +187,40 @@ def test_a_plugin_that_hangs_or_exits_while_importing_neither_holds_nor_stops_se
         assert "matmul" in {k["name"] for k in kernels["data"]}
         wait_for(lambda: _idle_worker(base), proc, timeout=180)  # the worker got past them too
         assert proc.poll() is None
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One ``tuner serve`` on 127.0.0.1 with its defaults, for the tests of what its HTTP
+    server refuses; its base URL."""
+    data = tmp_path_factory.mktemp("served")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with _serve(data, port) as proc:
+        wait_ready(base, proc, timeout=180)
+        yield base
+
+
+def _raw(base: str, request: bytes) -> bytes:
+    """The whole answer to ``request`` sent on a fresh connection (closed by the server)."""
+    url = urlsplit(base)
+    with socket.create_connection((url.hostname or "", url.port or 0), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_serve_on_loopback_refuses_a_host_it_does_not_serve(served: str):
+    port = urlsplit(served).port
+    refused = _raw(served, b"GET /healthz HTTP/1.1\r\nHost: rebound.attacker.example\r\n"
+                          b"Connection: close\r\n\r\n")
+    assert refused.startswith(b"HTTP/1.1 400 ")
+    [error] = json.loads(refused.partition(b"\r\n\r\n")[2])["detail"]
+    assert error["msg"] == ("this service refuses requests for a host it does not serve; it "
+                            "answers for localhost, 127.0.0.1, ::1 (TUNER_ALLOWED_HOSTS)")
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+        answer = _raw(served, f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n"
+                              "Connection: close\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 200 ")

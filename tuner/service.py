@@ -404,6 +404,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     url = settings.resolved_database_url
     os.environ["TUNER_DATABASE_URL"] = url  # the app (built by uvicorn) and the workers
     os.environ[SERVE_PID_ENV] = str(os.getpid())  # API processes die with this one
+    if not settings.allowed_hosts.strip():  # the Host headers the API answers (api.gate)
+        os.environ["TUNER_ALLOWED_HOSTS"] = default_allowed_hosts(host)
     processes = api_processes(settings, api_workers)
     check_address(host, port)  # again: the database may have taken a while
     state_file = _state_file()
@@ -435,6 +437,20 @@ def _state_file() -> Path:
     fd, name = tempfile.mkstemp(prefix=f"tuner-serve-{os.getpid()}-", suffix=".json")
     os.close(fd)
     return Path(name)
+
+
+#: the loopback names every ``serve`` not bound to all addresses answers for
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def default_allowed_hosts(host: str) -> str:
+    """``TUNER_ALLOWED_HOSTS`` for ``serve --host host`` where it is not set: ``*`` (any)
+    where it binds every address (0.0.0.0, ::), since its clients may name it anyhow; else
+    the loopback names and ``host``."""
+    bare = host.strip("[]").lower()
+    if bare in ("", "0.0.0.0", "::"):
+        return "*"
+    return ",".join(dict.fromkeys((*LOOPBACK_HOSTS, bare)))
 
 
 def api_processes(settings: Settings, requested: int | None = None) -> int:

@@ -6,6 +6,7 @@ takes explicit arguments. Invalid values fail at start-up with the variable's na
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -103,6 +104,11 @@ class Settings(BaseSettings):
     #: seconds each kernel plugin's import may take (``search_spaces.registry``, which reads
     #: it): one that hangs longer is reported and skipped
     plugin_import_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    #: the host names the API answers for (its requests' Host header), comma-separated:
+    #: ``name``, ``*.example.com`` (its subdomains), ``*`` (any); others are refused (400).
+    #: Empty: any, except under ``tuner serve``, which sets it from ``--host``: localhost,
+    #: 127.0.0.1, ::1 and that host, or any where it binds every address (0.0.0.0, ::)
+    allowed_hosts: str = ""
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -115,6 +121,12 @@ class Settings(BaseSettings):
     def _known_backend(cls, value: str) -> str:
         if value not in ("auto", "cuda", "interpret"):
             raise ValueError("TUNER_BACKEND must be auto, cuda or interpret")
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: str) -> str:
+        parse_allowed_hosts(value)  # ValueError naming TUNER_ALLOWED_HOSTS
         return value
 
     @field_validator("api_keys")
@@ -137,9 +149,43 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         return self.database_url or sqlite_database_url(self.data_dir)
 
+    def parsed_allowed_hosts(self) -> tuple[str, ...] | None:
+        """The host names the API answers for (``parse_allowed_hosts``); None: any."""
+        return parse_allowed_hosts(self.allowed_hosts)
+
     def parsed_api_keys(self) -> dict[str, str]:
         """key -> "rw" | "ro"."""
         return _parse_api_keys(self.api_keys)
+
+
+def parse_allowed_hosts(text: str) -> tuple[str, ...] | None:
+    """``"Example.com, *.corp.example, [::1]"`` -> ``("example.com", "*.corp.example",
+    "::1")`` (lower case, IPv6 addresses without brackets, no trailing dot); None for ``""`` or
+    ``*`` anywhere (any host). ValueError naming TUNER_ALLOWED_HOSTS for an entry with a
+    scheme, a path, a port or spaces."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names or "*" in names:
+        return None
+    parsed = []
+    for number, name in enumerate(names, start=1):
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        bare = name[2:] if name.startswith("*.") else name
+        ipv6 = ":" in bare and _is_ipv6(bare)
+        if not bare or any(c in bare for c in "/ *[]@") or (":" in bare and not ipv6):
+            raise ValueError(f"TUNER_ALLOWED_HOSTS: entry {number} is not a host name; list "
+                             "names or addresses without scheme, port or path (example.com, "
+                             "*.example.com for its subdomains, 10.0.0.5, ::1), or * for any")
+        parsed.append(name.rstrip("."))
+    return tuple(parsed)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _parse_api_keys(text: str) -> dict[str, str]:

@@ -34,7 +34,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not settings.parsed_api_keys():
             log.warning("no API keys are configured (TUNER_API_KEYS): anyone who can reach "
                         "this API can submit and cancel jobs")
-        app.state.session_factory = init_db(settings.resolved_database_url)
+        app.state.session_factory = init_db(settings.resolved_database_url,
+                                            bounds=settings.database_bounds)
         # imports torch and triton now, not on the first request
         registered = [get_kernel(name) for name in kernel_names()]
         # every stored best in memory: lookups go on answering while the database is away

@@ -47,6 +47,7 @@ from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
+from api.routes.jobs import cancel_committed
 from api.routes.kernels import registered_verification
 from db import repo
 from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, Task, utcnow
@@ -757,12 +758,10 @@ def _cancel(request: Request, job_id: str, settings: Settings, api_key: str) -> 
                      "access; type it into the form on the job page.", back=f"/jobs/{job_id}")
     with request.app.state.session_factory() as session:
         try:
-            job_id = repo.resolve_job_id(session, job_id)
-            repo.cancel_job(session, job_id)
+            job_id = cancel_committed(session, job_id, settings.database_bounds).id
         except (repo.NotFound, repo.ShortJobId, repo.AmbiguousJobId):
             return _page(request, "message.html", status_code=404, title="No such job",
                          message=f"There is no job {job_id!r}.", back="/jobs")
-        session.commit()
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.pool import StaticPool
 
 from db.sqlite_file import SqliteFile
 from tuner.errors import DatabaseUrlError
+from tuner.settings import DatabaseBounds
 
 # ``sqlite:///<data dir>/tuner.db`` ($TUNER_DATA_DIR, else ./data): spelled in tuner.settings,
 # where the service's settings read the environment; db itself takes explicit URLs
@@ -30,6 +31,9 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 #: seconds a SQLite connection waits for another writer before "database is locked"
 SQLITE_BUSY_TIMEOUT_S = 30
+#: the server-side limits of PostgreSQL connections unless told otherwise (the service passes
+#: its settings': ``TUNER_DB_LOCK_TIMEOUT_S``, ``TUNER_DB_IDLE_IN_TRANSACTION_S``)
+DEFAULT_BOUNDS = DatabaseBounds()
 
 
 def normalise_url(url: str) -> str:
@@ -53,17 +57,19 @@ APPLICATION_NAME = "tuner"
 CONNECT_TIMEOUT_S = 5
 
 
-def make_engine(url: str, *, create_folder: bool = True) -> Engine:
+def make_engine(url: str, *, create_folder: bool = True,
+                bounds: DatabaseBounds = DEFAULT_BOUNDS) -> Engine:
     """An engine for ``url``. SQLite: the file's folder is created (``create_folder``; else a
     missing folder is a FileNotFoundError naming it), every connection runs in WAL mode with a
     30 s busy timeout and foreign keys on, and connections may cross threads. PostgreSQL
-    (psycopg 3): connections are checked before use (``pool_pre_ping``) and named
-    ``APPLICATION_NAME``."""
+    (psycopg 3): connections are checked before use (``pool_pre_ping``), named
+    ``APPLICATION_NAME`` and bounded by the server (``bounds``: ``server_options``)."""
     url = normalise_url(url)
     if not is_sqlite(url):
         return create_engine(url, pool_pre_ping=True,
                              connect_args={"application_name": APPLICATION_NAME,
-                                           **_connect_timeout(url)})
+                                           **_connect_timeout(url),
+                                           "options": server_options(url, bounds)})
     database = make_url(url).database
     in_memory = database in (None, "", ":memory:")
     if not in_memory:
@@ -74,6 +80,17 @@ def make_engine(url: str, *, create_folder: bool = True) -> Engine:
         **({"poolclass": StaticPool} if in_memory else {}))
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def server_options(url: str, bounds: DatabaseBounds) -> str:
+    """The ``options`` a PostgreSQL connection starts with: ``bounds`` as ``lock_timeout`` and
+    ``idle_in_transaction_session_timeout`` (milliseconds; 0 turns one off), then the URL's own
+    ``options`` (``?options=-c%20lock_timeout%3D0``), which win where they set the same."""
+    ours = (f"-c lock_timeout={round(bounds.lock_timeout_s * 1000)} "
+            f"-c idle_in_transaction_session_timeout={round(bounds.idle_in_transaction_s * 1000)}")
+    given = make_url(url).query.get("options")
+    given = given[-1] if isinstance(given, tuple) else given
+    return f"{ours} {given}" if given else ours
 
 
 def _connect_timeout(url: str) -> dict[str, int]:
@@ -151,13 +168,15 @@ _FILES: dict[str, SqliteFile] = {}
 _FACTORIES_LOCK = threading.Lock()
 
 
-def init_db(url: str, *, create_folder: bool = True) -> sessionmaker[Session]:
+def init_db(url: str, *, create_folder: bool = True,
+            bounds: DatabaseBounds = DEFAULT_BOUNDS) -> sessionmaker[Session]:
     """Migrate the database at ``url`` and return its session factory. One engine per URL per
     process: a second call returns the same factory without migrating again. A SQLite file's
-    identity is recorded as opened (``opened_file``). ``create_folder``: see ``make_engine``."""
+    identity is recorded as opened (``opened_file``). ``create_folder``, ``bounds``: see
+    ``make_engine`` (the service passes ``Settings.database_bounds``)."""
     with _FACTORIES_LOCK:
         if url not in _FACTORIES:
-            engine = make_engine(url, create_folder=create_folder)
+            engine = make_engine(url, create_folder=create_folder, bounds=bounds)
             try:
                 upgrade(engine)
             except BaseException:

@@ -3,12 +3,12 @@ sentence.
 
 A worker's writes (trials, lease renewals, its task's best and finish) go through
 ``retry_transient``: an error that passes on its own (a terminated PostgreSQL connection, a
-SQLite write lock held past the busy timeout, a serialization failure) is retried with a
-bounded back-off instead of failing a task whose measured trials are sound. Once the window is
-spent it raises ``StoreUnavailable`` (the worker re-queues the task, never fails it). Every
-database error that ends up in a task's or job's error goes through ``describe``: one line,
-never the SQL statement (SQLAlchemy's message carries the statement and its parameters: a job
-error of 1,029 characters once).
+lock wait past PostgreSQL's ``lock_timeout`` or SQLite's busy timeout, a serialization failure)
+is retried with a bounded back-off instead of failing a task whose measured trials are sound.
+Once the window is spent it raises ``StoreUnavailable`` (the worker re-queues the task, never
+fails it). Every database error that ends up in a task's or job's error goes through
+``describe``: one line, never the SQL statement (SQLAlchemy's message carries the statement and
+its parameters: a job error of 1,029 characters once).
 """
 
 from __future__ import annotations
@@ -27,14 +27,19 @@ T = TypeVar("T")
 
 #: seconds a worker retries a write that failed transiently before it gives its task back
 DEFAULT_WINDOW_S = 60.0
-#: SQLSTATEs that pass: serialization failure, deadlock, and the server going away
-#: (admin_shutdown is what ``pg_terminate_backend`` sends), or not yet accepting connections
-_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03"})
+#: SQLSTATEs that pass: serialization failure, deadlock, a lock not granted within the
+#: connection's ``lock_timeout`` (55P03: its holder may be a frozen process, whose transaction
+#: the server aborts), the session ended by ``idle_in_transaction_session_timeout`` (25P03: this
+#: process was the frozen one) or ``idle_session_timeout`` (57P05), and the server going away
+#: (admin_shutdown is what ``pg_terminate_backend`` sends), or not yet accepting connections.
+#: Work tried again runs in a fresh session, and a worker's writes are fenced by its lease.
+_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "25P03", "57P05", "57P01", "57P02",
+                                  "57P03"})
 #: message fragments of transient errors where the driver gives no SQLSTATE (sqlite3 never does)
 _TRANSIENT_TEXT = ("database is locked", "database table is locked", "could not serialize",
                    "deadlock detected", "server closed the connection", "connection refused",
                    "terminating connection", "could not connect", "connection is closed",
-                   "consuming input failed", "the database system is")
+                   "consuming input failed", "the database system is", "lock timeout")
 
 
 class StoreUnavailable(Exception):
@@ -109,6 +114,27 @@ def retry_transient(doing: str, work: Callable[[], T], delays_s: Sequence[float]
                         doing, _driver_message(exc), delay)
             sleep(delay)
     raise AssertionError("unreachable")
+
+
+def retry_within(work: Callable[[], T], window_s: float,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """``work()``, tried again while it fails transiently and ``window_s`` has not passed since
+    the first try (waits doubling from 0.25 s to 2 s); then its last error is raised as it is
+    (the API answers an OperationalError with 503). For a request that a lock held by a frozen
+    process fails: ``DatabaseBounds.frozen_holder_s`` outlasts the holder. ``work`` must roll
+    its session back when it fails."""
+    deadline = time.monotonic() + window_s
+    delay = 0.25
+    while True:
+        try:
+            return work()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning("the database failed transiently (%s); trying again in %.2f s",
+                        _driver_message(exc), delay)
+            sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def describe(exc: BaseException, doing: str | None = None) -> str:

@@ -34,7 +34,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _session_factory(settings: Settings) -> Any:
     from db.engine import init_db
 
-    return init_db(settings.resolved_database_url)
+    return init_db(settings.resolved_database_url, bounds=settings.database_bounds)
 
 
 def check_strategy(name: str) -> None:

@@ -62,7 +62,8 @@ def wait_for_database(settings: Settings, sleep: Callable[[float], None] = time.
     delay = FIRST_RETRY_S
     while True:
         try:
-            return init_db(url, create_folder=not settings.database_url)
+            return init_db(url, create_folder=not settings.database_url,
+                           bounds=settings.database_bounds)
         except (OperationalError, OSError) as exc:
             print(f"tuner: database {shown_url(url)} unreachable ({unreachable_reason(exc)}); "
                   f"retrying in {delay:g} s (Ctrl-C to stop)", file=sys.stderr, flush=True)

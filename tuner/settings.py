@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,26 @@ def default_database_url() -> str:
     return sqlite_database_url(default_data_dir())
 
 
+class DatabaseBounds(NamedTuple):
+    """Limits the PostgreSQL server enforces on every connection the service opens (seconds;
+    0: none), so that a process frozen in a transaction (SIGSTOP, a debugger, a swap storm)
+    cannot hold up the others: ``lock_timeout``, the longest a statement waits for a lock
+    before it fails (transiently: it is retried, ``db.transient``) instead of queueing behind
+    a frozen holder; ``idle_in_transaction_session_timeout``, after which the server aborts
+    a transaction whose client went silent, releasing its locks (the client's next use
+    fails transiently; its writes are fenced by the task's lease). SQLite has no server:
+    a frozen writer holds its lock until it resumes or dies."""
+
+    lock_timeout_s: float = 5.0
+    idle_in_transaction_s: float = 10.0
+
+    @property
+    def frozen_holder_s(self) -> float:
+        """How long a lock held by a frozen process can fail a statement that needs it: until
+        the server aborts the holder's transaction, and one lock wait more."""
+        return self.idle_in_transaction_s + self.lock_timeout_s
+
+
 class Settings(BaseSettings):
     # errors name the variable but never echo its value (TUNER_API_KEYS holds secrets)
     model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore",
@@ -62,6 +83,13 @@ class Settings(BaseSettings):
     #: seconds a worker retries a database write that failed transiently (a dropped
     #: connection, a lock held past SQLite's busy timeout) before it re-queues its task
     db_retry_seconds: float = Field(default=60.0, ge=0)
+    #: seconds a PostgreSQL statement waits for a lock before failing transiently (and being
+    #: retried), instead of queueing behind a transaction that does not end (0: no limit)
+    db_lock_timeout_s: float = Field(default=DatabaseBounds().lock_timeout_s, ge=0)
+    #: seconds PostgreSQL lets a transaction sit idle before it aborts it and releases its
+    #: locks: a frozen process's (0: no limit). No worker transaction spans a measurement
+    db_idle_in_transaction_s: float = Field(default=DatabaseBounds().idle_in_transaction_s,
+                                            ge=0)
     #: workers ``tuner serve`` starts: -1 = one per local GPU (or one interpreter worker)
     workers: int = -1
     #: backend of the workers ``tuner serve`` starts
@@ -148,6 +176,11 @@ class Settings(BaseSettings):
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or sqlite_database_url(self.data_dir)
+
+    @property
+    def database_bounds(self) -> DatabaseBounds:
+        """The server-side limits of the service's PostgreSQL connections."""
+        return DatabaseBounds(self.db_lock_timeout_s, self.db_idle_in_transaction_s)
 
     def parsed_allowed_hosts(self) -> tuple[str, ...] | None:
         """The host names the API answers for (``parse_allowed_hosts``); None: any."""

@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings()
     if args.db:
         settings.database_url = args.db
-    factory = init_db(settings.resolved_database_url)
+    factory = init_db(settings.resolved_database_url, bounds=settings.database_bounds)
 
     def report(shape: dict[str, int], outcome: Any, wall: float) -> None:
         if not args.json:

@@ -35,10 +35,11 @@ from api.validation import (
 )
 from db import repo
 from db.models import MEASURED, Job, Task, Trial
+from db.transient import retry_within
 from tuner.errors import InvalidRequest
 from tuner.gpu_state import throttle_reasons
 from tuner.kernel import TunableKernel
-from tuner.settings import Settings
+from tuner.settings import DatabaseBounds, Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -188,12 +189,26 @@ def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPub
 
 @router.post("/{job_id}/cancel", response_model=JobPublic,
              dependencies=[WriteAccess, DatabaseFileIntact], responses=JOB_ID_RESPONSES)
-def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
+def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Cancel a queued or running job and its unfinished tasks; a finished job is answered as
     it is."""
-    job = repo.cancel_job(session, repo.get_job_by_prefix(session, job_id).id)
-    session.commit()
-    return job_public(job)
+    return job_public(cancel_committed(session, job_id, settings.database_bounds))
+
+
+def cancel_committed(session: Session, job_id: str, bounds: DatabaseBounds) -> Job:
+    """Cancel the job ``job_id`` (its id or a prefix: ``repo.resolve_job_id``) and commit. A
+    lock wait that failed (a process frozen while it holds a row of the job's, until
+    PostgreSQL aborts its transaction) is tried again, for ``bounds.frozen_holder_s``."""
+    def cancel() -> Job:
+        try:
+            job = repo.cancel_job(session, repo.resolve_job_id(session, job_id))
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        return job
+
+    return retry_within(cancel, bounds.frozen_holder_s)
 
 
 def gpu_state_public(t: Trial) -> GpuStatePublic | None:

@@ -3,8 +3,9 @@
 
 Processes that start at once against an empty database (an API replica and its workers) take
 turns instead of racing to create the same tables; the second finds the schema at head and does
-nothing. PostgreSQL: a transaction-scoped advisory lock. SQLite: ``BEGIN IMMEDIATE`` takes the
-write lock up front (the sqlite3 driver would otherwise run the DDL outside a transaction).
+nothing. PostgreSQL: a transaction-scoped advisory lock, waited for without the connections'
+``lock_timeout``. SQLite: ``BEGIN IMMEDIATE`` takes the write lock up front (the sqlite3 driver
+would otherwise run the DDL outside a transaction).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ with engine.connect() as connection:
                       transactional_ddl=True)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
+            # a process waits for another's migration however long it takes, and DDL for the
+            # readers of its tables: the connections' lock_timeout is for short writes
+            connection.execute(text("SET LOCAL lock_timeout = 0"))
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
                                {"key": MIGRATION_LOCK_KEY})
         elif connection.dialect.name == "sqlite":

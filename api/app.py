@@ -20,6 +20,7 @@ from api.routes import configs, devices, health, jobs, kernels, misses
 from api.validation import HostileInputGuard
 from db.engine import init_db
 from search_spaces import get_kernel, kernel_names
+from tuner.dispatch import make_dispatcher
 from tuner.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                         "this API can submit and cancel jobs")
         app.state.session_factory = init_db(settings.resolved_database_url,
                                             bounds=settings.database_bounds)
+        app.state.dispatcher = make_dispatcher(settings, app.state.session_factory)
         # imports torch and triton now, not on the first request
         registered = [get_kernel(name) for name in kernel_names()]
         # every stored best in memory: lookups go on answering while the database is away
@@ -52,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             gc.unfreeze()
             index.close()
+            app.state.dispatcher.close()
 
     assets = docs_assets()
     # with the assets installed, /docs and /redoc are this app's own (_mount_docs)

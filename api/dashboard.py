@@ -46,7 +46,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from sqlalchemy.orm import Session
 
-from api.deps import ReadAccess, SessionDep, SettingsDep, key_mode
+from api.deps import ReadAccess, SessionDep, SettingsDep, dispatcher_of, key_mode
 from api.routes.jobs import cancel_committed
 from api.routes.kernels import registered_verification
 from db import repo
@@ -762,6 +762,7 @@ def _cancel(request: Request, job_id: str, settings: Settings, api_key: str) -> 
         except (repo.NotFound, repo.ShortJobId, repo.AmbiguousJobId):
             return _page(request, "message.html", status_code=404, title="No such job",
                          message=f"There is no job {job_id!r}.", back="/jobs")
+    dispatcher_of(request.app).cancel_job(job_id)
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterator, Mapping
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from api.errors import RequestRefused
+from tuner.dispatch import Dispatcher
 from tuner.settings import Settings
 
 
@@ -24,6 +25,17 @@ async def get_settings(request: Request) -> Settings:
 def get_db(request: Request) -> Iterator[Session]:
     with request.app.state.session_factory() as session:
         yield session
+
+
+def dispatcher_of(app: Any) -> Dispatcher:
+    """The app's dispatcher (``tuner.dispatch``), set at start-up; the embedded one (which
+    needs telling nothing) before that."""
+    dispatcher = getattr(app.state, "dispatcher", None)
+    if dispatcher is None:
+        from tuner.dispatch.embedded import EmbeddedDispatcher
+
+        return EmbeddedDispatcher(None, reap_interval_s=0)
+    return cast(Dispatcher, dispatcher)
 
 
 SessionDep = Annotated[Session, Depends(get_db)]

@@ -611,6 +611,47 @@ def _lease(session: Session, task_id: int, worker_id: str, lease_seconds: float)
                             started_at=now, error=None))
 
 
+def take_task(session: Session, task_id: int, worker_id: str,
+              lease_seconds: float) -> Task | None:
+    """Take a task a dispatcher handed to ``worker_id`` (``tuner.dispatch.procrastinate``: the
+    engine's fetch already chose this worker, atomically): a queued task becomes running with
+    one more attempt, as ``claim_task`` makes it; a running one (its worker went silent and
+    the engine put its job back) changes lease owner, which fences the old worker off every
+    write, and counts a requeue, not an attempt; past ``MAX_REQUEUES`` it fails instead,
+    keeping its best (``reap_expired``'s rule). None when there is nothing to run: finished,
+    cancelled, its job no longer active, or given up."""
+    task = session.get(Task, task_id)
+    if task is None:
+        return None
+    job_active = session.scalar(select(Job.status).where(Job.id == task.job_id)) in ACTIVE
+    now = utcnow()
+    lease = dict(lease_owner=worker_id, lease_expires_at=now + timedelta(seconds=lease_seconds))
+    if task.status == "queued" and job_active:
+        if not _lease(session, task_id, worker_id, lease_seconds):
+            return None
+    elif task.status == "running" and job_active:
+        guard = update(Task).where(Task.id == task_id, Task.status == "running",
+                                   Task.requeues == task.requeues)
+        if task.requeues + 1 >= MAX_REQUEUES:
+            if _changed_row(session, Task, task_id, guard.values(
+                    status="failed", finished_at=now, requeues=Task.requeues + 1,
+                    lease_owner=None, lease_expires_at=None,
+                    error=f"its worker went silent {task.requeues + 1} times (at most "
+                          f"{MAX_REQUEUES}: every worker that ran it died or lost the "
+                          "database); giving up")):
+                keep_best_of_given_up(session, task_id)
+                _settle_job(session, task.job_id)
+            return None
+        if not _changed_row(session, Task, task_id, guard.values(
+                requeues=Task.requeues + 1, started_at=now, **lease)):
+            return None
+    else:
+        return None
+    task = cast(Task, _reloaded(session, Task, task_id))
+    _mark_job_running(session, task.job_id)
+    return task
+
+
 def _mark_job_running(session: Session, job_id: str) -> None:
     if _changed(session, update(Job).where(Job.id == job_id, Job.status == "queued")
                 .values(status="running", started_at=utcnow())):

@@ -111,7 +111,8 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     that process is gone (``serve`` passes its own pid so that no worker outlives it).
     ``workers_on_host``: GPU workers sharing this machine's cores (``serve`` passes its count):
     each compiles ahead on its share (``TUNER_COMPILE_WORKERS`` overrides it)."""
-    from tuner.worker import Worker, reap_forever
+    from tuner.dispatch import make_dispatcher
+    from tuner.worker import Worker
 
     kind = resolve_backend_kind(backend)
     factory = wait_for_database(settings)  # its lines alone on stderr until the database answers
@@ -130,15 +131,16 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     _register_worker(factory, worker.id, fingerprint, kind,
                      device_index if kind == "cuda" else None)
     _stop_on_signals(worker.stopping)
-    _start_thread("reaper", reap_forever, factory, settings.reap_interval_seconds,
-                  worker.stopping)
+    dispatcher = make_dispatcher(settings, factory)
     _start_thread("presence", keep_present, factory, fingerprint.key,
                   settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id)
-    log.info("worker %s serving device %s (%s)", worker.id, fingerprint.key, kind)
+    log.info("worker %s serving device %s (%s; dispatch: %s)", worker.id, fingerprint.key,
+             kind, dispatcher.name)
     try:
         worker.prestart()
-        worker.run_forever()
+        dispatcher.serve(worker)  # the embedded one runs the reaper beside the worker
     finally:
+        dispatcher.close()
         _stop_worker_row(factory, worker.id)
     log.info("worker %s stopped", worker.id)
     return 0

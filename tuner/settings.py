@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=60.0, gt=1)
     #: seconds between reaper passes (re-queueing tasks whose lease expired)
     reap_interval_seconds: float = Field(default=15.0, gt=0)
+    #: how queued tasks reach workers (tuner.dispatch): auto = procrastinate on PostgreSQL,
+    #: embedded on SQLite; or embedded, procrastinate
+    dispatch: str = "auto"
+    #: procrastinate dispatch: seconds without a worker's heartbeat before its running task is
+    #: given to another worker (heartbeats every quarter of it)
+    stalled_after_s: float = Field(default=15.0, ge=2)
     #: seconds a worker retries a database write that failed transiently (a dropped
     #: connection, a lock held past SQLite's busy timeout) before it re-queues its task
     db_retry_seconds: float = Field(default=60.0, ge=0)
@@ -149,6 +155,13 @@ class Settings(BaseSettings):
     def _known_backend(cls, value: str) -> str:
         if value not in ("auto", "cuda", "interpret"):
             raise ValueError("TUNER_BACKEND must be auto, cuda or interpret")
+        return value
+
+    @field_validator("dispatch")
+    @classmethod
+    def _known_dispatch(cls, value: str) -> str:
+        if value not in ("auto", "embedded", "procrastinate"):
+            raise ValueError("TUNER_DISPATCH must be auto, embedded or procrastinate")
         return value
 
     @field_validator("allowed_hosts")

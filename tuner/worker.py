@@ -597,14 +597,21 @@ class Worker:
             task_id = task.id if task is not None else None
         if task_id is None:
             return None
+        return self.run_claimed(task_id)
+
+    def run_claimed(self, task_id: int, abort: Callable[[], bool] | None = None) -> TaskOutcome:
+        """Run a task this worker holds (claimed, or taken from a dispatcher) to its end,
+        renewing its lease meanwhile. ``abort``: the dispatcher's own cancel signal (the
+        task's status is checked as well); True stops the task at its next check."""
         log.info("worker %s claimed task %s", self.id, task_id)
         self.report("busy", task_id)
         beat = _Heartbeat(self, task_id)
         beat.start()
+        alive = beat.alive if abort is None else (lambda: beat.alive() and not abort())
         try:
             outcome = execute_task(self.factory, task_id, backend_kind=self.backend_kind,
                                    device_index=self.device_index, timing=self.timing,
-                                   heartbeat=beat.alive, worker_id=self.id,
+                                   heartbeat=alive, worker_id=self.id,
                                    compile_workers=self.compile_workers, keeper=self.keeper)
         except BaseException:  # exiting at once (a second signal): give the task back now
             self._release(task_id)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
-from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, dispatcher_of
 from api.routes.health import DatabaseFileIntact
 from api.routes.kernels import registered_verification
 from api.schemas import (
@@ -129,7 +129,7 @@ def _validated_shapes(kernel: TunableKernel, body: JobCreate,
                         503: {"description": "the SQLite file was removed or replaced: "
                               "restart the service"}})
 def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
-               response: Response) -> JobCreated:
+               response: Response, request: Request) -> JobCreated:
     """Queue a tuning job (one task per shape): 202.
 
     An identical queued or running job is returned instead of a new one (200,
@@ -161,6 +161,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
         return JobCreated(id=job.id, status=job.status, url=job_url(job.id), deduplicated=True)
     answered = 0 if body.force else repo.answer_tuned_tasks(session, job)
     session.commit()
+    dispatcher_of(request.app).enqueue_job(job.id)
     if job.status == "succeeded":
         response.status_code = 200
     return JobCreated(id=job.id, status=job.status, url=job_url(job.id),
@@ -189,10 +190,13 @@ def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPub
 
 @router.post("/{job_id}/cancel", response_model=JobPublic,
              dependencies=[WriteAccess, DatabaseFileIntact], responses=JOB_ID_RESPONSES)
-def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPublic:
+def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep,
+               request: Request) -> JobPublic:
     """Cancel a queued or running job and its unfinished tasks; a finished job is answered as
     it is."""
-    return job_public(cancel_committed(session, job_id, settings.database_bounds))
+    job = cancel_committed(session, job_id, settings.database_bounds)
+    dispatcher_of(request.app).cancel_job(job.id)
+    return job_public(job)
 
 
 def cancel_committed(session: Session, job_id: str, bounds: DatabaseBounds) -> Job:

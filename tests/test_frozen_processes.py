@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from api.app import create_app
 from db import repo
-from db.engine import init_db, make_engine, normalise_url
+from db.engine import APPLICATION_NAME, init_db, make_engine, normalise_url
 from db.transient import is_transient
 from search_spaces import get_kernel
 from tests.api_support import queue_task
@@ -129,6 +130,90 @@ def test_migrations_wait_for_another_process_migrating_past_the_lock_timeout(
             assert time.monotonic() - started >= 1.5
     finally:
         admin.dispose()
+
+
+# -- 2. no transaction open while a worker loads, computes or measures ------------------------
+
+class TransactionProbe:
+    """What another connection sees at a moment of the worker's: on SQLite whether the write
+    lock is free (``BEGIN IMMEDIATE``, not waiting), on PostgreSQL the service's connections
+    with a transaction open. ``seen``: moment -> what was open (empty: nothing)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.seen = url, {}
+        self.admin = None if url.startswith("sqlite") else _admin(url)
+
+    def __call__(self, moment: str) -> None:
+        self.seen.setdefault(moment, []).extend(self.open_transactions())
+
+    def open_transactions(self) -> list[str]:
+        if self.admin is None:
+            conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=0,
+                                   isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+                return []
+            except sqlite3.OperationalError as exc:
+                return [f"the write lock is held ({exc})"]
+            finally:
+                conn.close()
+        with self.admin.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT state, now() - xact_start FROM pg_stat_activity WHERE datname = "
+                "current_database() AND application_name = :name AND xact_start IS NOT NULL"),
+                {"name": APPLICATION_NAME}).all()
+        return [f"{state} for {age}" for state, age in rows]
+
+
+@pytest.mark.timeout(120)
+def test_no_transaction_is_open_while_a_worker_loads_ranks_measures_or_retimes(
+        any_db_url: str, monkeypatch: pytest.MonkeyPatch):
+    from search_spaces import get_kernel
+    from tuner import worker
+    from tuner.backends.replay import ReplayBackend, load_table
+
+    # the cancel check's reads (one short transaction a second) would race with the probe
+    monkeypatch.setattr(worker, "CANCEL_POLL_S", 3600.0)
+    probe = TransactionProbe(any_db_url)
+
+    class Probed(ReplayBackend):
+        def restrict(self, space: Any) -> Any:
+            probe("restricting the space")
+            return super().restrict(space)
+
+        def measure(self, configs: Any, on_result: Any = None) -> Any:
+            probe("measuring")
+            return super().measure(configs, on_result)
+
+        def retime(self, configs: Any, rounds: int, baseline: bool = False) -> Any:
+            probe("re-timing")
+            return super().retime(configs, rounds, baseline)
+
+    def probed(moment: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            probe(moment)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(worker, "get_kernel", probed("loading the kernel", get_kernel))
+    monkeypatch.setattr(worker, "known_good_first",
+                        probed("ranking the warm start", worker.known_good_first))
+    factory = init_db(any_db_url)
+    task_id = queue_task(factory, SHAPE, 6, backend="replay", force=True)
+    with factory() as session:
+        assert repo.claim_task(session, worker_id="w1", device_key="x", lease_seconds=60)
+        session.commit()
+    try:
+        outcome = worker.execute_task(factory, task_id, backend_kind="replay", worker_id="w1",
+                                      backend=Probed(load_table(TABLE)))
+    finally:
+        if probe.admin is not None:
+            probe.admin.dispose()
+    assert outcome.status == "succeeded", outcome.error
+    assert set(probe.seen) == {"loading the kernel", "restricting the space",
+                               "ranking the warm start", "measuring", "re-timing"}
+    assert all(open_ == [] for open_ in probe.seen.values()), probe.seen
 
 
 # -- 3. a worker frozen inside its write transaction (PostgreSQL) -----------------------------

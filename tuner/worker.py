@@ -77,8 +77,14 @@ def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str,
     """Stored bests first (the nearest shapes on this device: a sweep's shapes seed each
     other; then this shape on other devices), then the kernel's known-good configs and its
     default that its prior ranks best (``known_good_first``)."""
+    return _warm_start(repo.list_best(session, kernel=kernel.name, dtype=dtype), kernel,
+                       device_key, dtype, shape, space)
+
+
+def _warm_start(rows: list[Any], kernel: TunableKernel, device_key: str, dtype: str,
+                shape: dict[str, int], space: Any) -> list[KernelConfig]:
+    """``warm_start_configs`` from the stored bests of the kernel and dtype (``rows``, read)."""
     configs: list[KernelConfig] = []
-    rows = repo.list_best(session, kernel=kernel.name, dtype=dtype)
     here = [r for r in rows if r.device_key == device_key and r.kernel_version == kernel.version]
     for row in sorted(here, key=lambda r: shape_distance(r.shape, shape))[:3]:
         configs.append(KernelConfig(row.config))
@@ -231,7 +237,8 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
 
 def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[str, int], str,
                                                      list[Measurement], dict[str, Any]]:
-    """The task's job, kernel, problem, stored trials (to resume from) and search options."""
+    """The task's job, kernel, problem, stored trials (to resume from) and search options. The
+    kernel is loaded once the read is over (an import: seconds, a user's module any time)."""
     with run.factory() as session:
         task = repo.get_task(session, run.task_id)
         job = task.job
@@ -241,7 +248,8 @@ def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[
                             patience=settings.patience or None,
                             roofline_stop=settings.roofline_stop or None,
                             stop_chance=settings.stop_chance or None)
-        return job.id, get_kernel(job.kernel), dict(task.shape), job.dtype, resume, options_base
+        job_id, kernel_name, shape, dtype = job.id, job.kernel, dict(task.shape), job.dtype
+    return job_id, get_kernel(kernel_name), shape, dtype, resume, options_base
 
 
 def job_seed(options: dict[str, Any]) -> int:
@@ -265,20 +273,22 @@ class _Run:
 
 
 def _setup(run: _Run, kernel: TunableKernel, fp: Any, dtype: str, shape: dict[str, int],
-           backend: Any) -> tuple[Any, list[KernelConfig], Any, StoredBest | None]:
-    """Register the device and read what the search starts from: the space the backend can
-    run, warm-start configs, the roofline and the stored best of this identity."""
+           space: Any) -> tuple[list[KernelConfig], Any, StoredBest | None]:
+    """Register the device (committed at once: no lock is held while anything is computed),
+    then read what the search starts from: warm-start configs (ranked once the read is over),
+    the roofline and the stored best of this identity."""
     with run.factory() as session:
         repo.upsert_device(session, fp.to_dict())
         repo.set_task_device(session, run.task_id, fp.key)
-        space = backend.restrict(kernel.space())
-        warm = warm_start_configs(session, kernel, fp.key, dtype, shape, space)
-        device = repo.get_device(session, fp.key)
-        roof = roofline(kernel, shape, dtype, device.copy_gbps,
-                        device.matmul_tflops) if device else None
-        stored = stored_best(session, kernel, fp, dtype, shape)
         session.commit()
-    return space, warm, roof, stored
+    with run.factory() as session:
+        rows = repo.list_best(session, kernel=kernel.name, dtype=dtype)
+        device = repo.get_device(session, fp.key)
+        ceilings = (device.copy_gbps, device.matmul_tflops) if device else None
+        stored = stored_best(session, kernel, fp, dtype, shape)
+    warm = _warm_start(rows, kernel, fp.key, dtype, shape, space)
+    roof = roofline(kernel, shape, dtype, *ceilings) if ceilings else None
+    return warm, roof, stored
 
 
 def _trial_recorder(run: _Run, on_trial: Callable[[int, Measurement], None] | None
@@ -311,8 +321,9 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                       on_trial: Callable[[int, Measurement], None] | None,
                       heartbeat: Callable[[], bool] | None) -> TaskOutcome:
     fp = backend.fingerprint
-    space, warm, roof, stored = run.store(
-        "registering the device", lambda: _setup(run, kernel, fp, dtype, shape, backend))
+    space = backend.restrict(kernel.space())
+    warm, roof, stored = run.store(
+        "registering the device", lambda: _setup(run, kernel, fp, dtype, shape, space))
     stop = _StopCheck(run, job_id, heartbeat)
     incumbent = stored.config if stored is not None and space.contains(stored.config) else None
     # a compute-bound problem's ceiling is the vendor GEMM's measured speed, which a tuned

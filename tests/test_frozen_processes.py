@@ -396,3 +396,125 @@ def test_a_cancel_returns_within_seconds_of_a_frozen_worker_and_it_then_writes_n
     with factory() as session:
         assert repo.get_task(session, other_task).status == "cancelled"
         assert repo.get_job(session, job_id).status == "cancelled"
+
+
+# -- 4. a cancel stops a running task within seconds -----------------------------------------
+
+def test_a_search_cancelled_between_batches_ends_without_retiming_its_finalists():
+    from tuner.backends.replay import ReplayBackend, load_table
+    from tuner.search import SearchOptions, run_search
+
+    retimed: list[int] = []
+
+    class Counted(ReplayBackend):
+        def retime(self, configs: Any, rounds: int, baseline: bool = False) -> Any:
+            retimed.append(len(configs))
+            return super().retime(configs, rounds, baseline)
+
+    stored: list[Any] = []
+    result = run_search(get_kernel("matmul"), SHAPE, "float16", Counted(load_table(TABLE)),
+                        SearchOptions(trials=10, batch_size=1),
+                        on_trial=lambda _n, m: stored.append(m),
+                        should_stop=lambda: len(stored) >= 3)
+    assert (result.stop_reason, len(result.trials), retimed) == ("cancelled", 3, [])
+    fastest = min((m for m in stored if m.ok), key=lambda m: m.p50_ms)
+    assert result.best == fastest and result.best.extra["measured"] == "trial"
+
+
+#: a worker (as ``tuner worker`` runs one) claiming one task of the sleepy kernel on the
+#: interpreter; it prints how the task ended
+_SLEEPY_WORKER = """
+import sys
+from db.engine import init_db
+from tests.fakes.faulty import SLEEPY
+from tuner import worker
+
+worker.get_kernel = lambda name: SLEEPY
+w = worker.Worker(init_db(sys.argv[1]), backend_kind="interpret", device_key="interpret:cpu",
+                  name="w1")
+outcome = w.run_once()
+print("outcome", outcome.status, flush=True)
+"""
+#: how soon a cancelled task must have stopped (the worker checks every second)
+STOPPED_WITHIN_S = 10.0
+
+
+def _sleepy_task(factory: Any, trials: int) -> int:
+    from tests.fakes.faulty import SLEEPY
+
+    return queue_task(factory, {"N": 64}, trials, kernel=SLEEPY.name, version=SLEEPY.version,
+                      dtype="float32", strategy="exhaustive", force=True)
+
+
+def _cancel_and_time_the_stop(factory: Any, task_id: int, proc: Any, log: Path) -> float:
+    with factory() as session:
+        repo.cancel_job(session, repo.get_task(session, task_id).job_id)
+        session.commit()
+    cancelled = time.monotonic()
+    deadline = cancelled + STOPPED_WITHIN_S
+    while "outcome" not in log.read_text():
+        assert time.monotonic() < deadline, (
+            f"the task did not stop within {STOPPED_WITHIN_S:.0f} s of its cancel")
+        time.sleep(0.05)
+    took = time.monotonic() - cancelled
+    assert proc.wait(timeout=60) == 0
+    assert log.read_text().splitlines()[-1] == "outcome cancelled"
+    return took
+
+
+def _start_sleepy(url: str, tmp_path: Path, launch_s: float) -> tuple[Any, Path, Path]:
+    log, mark = tmp_path / "worker.log", tmp_path / "launched"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SLEEPY_WORKER, url], cwd=ROOT,
+            env=interpreter_env(FAKE_LAUNCH_S=str(launch_s), FAKE_LAUNCH_MARK=str(mark),
+                                TUNER_STOP_CHANCE="0"),
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log, mark
+
+
+def _kill(proc: Any) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(300)
+def test_a_cancel_stops_a_task_in_the_middle_of_a_long_measurement(any_db_url: str,
+                                                                   tmp_path: Path):
+    factory = init_db(any_db_url)
+    task_id = _sleepy_task(factory, trials=4)
+    # every launch takes 10 minutes: the first trial's is in flight when the job is cancelled
+    proc, log, mark = _start_sleepy(any_db_url, tmp_path, launch_s=600)
+    try:
+        wait_for(mark.exists, proc, timeout=180)
+        took = _cancel_and_time_the_stop(factory, task_id, proc, log)
+    finally:
+        _kill(proc)
+    assert took < STOPPED_WITHIN_S
+    with factory() as session:
+        task = repo.get_task(session, task_id)
+        assert (task.status, task.trials_done, task.lease_owner) == ("cancelled", 0, None)
+
+
+@pytest.mark.timeout(300)
+def test_a_cancel_stops_a_task_in_the_middle_of_the_finalists_retiming(any_db_url: str,
+                                                                       tmp_path: Path):
+    factory = init_db(any_db_url)
+    task_id = _sleepy_task(factory, trials=2)
+    # launches of 1 s: a trial takes about 4 s, the re-timing of the two finalists 30 s
+    proc, log, _mark = _start_sleepy(any_db_url, tmp_path, launch_s=1.0)
+
+    def trials_done() -> int:
+        with factory() as session:
+            return repo.get_task(session, task_id).trials_done
+
+    try:
+        wait_for(lambda: trials_done() == 2, proc, timeout=180)
+        took = _cancel_and_time_the_stop(factory, task_id, proc, log)
+    finally:
+        _kill(proc)
+    assert took < STOPPED_WITHIN_S
+    with factory() as session:
+        task = repo.get_task(session, task_id)
+        assert (task.status, task.trials_done, task.best_measured) == ("cancelled", 2, "trial")

@@ -18,6 +18,8 @@ TunerError
                              where the inputs are finite, a user's configs that disagree):
                              the measured config is recorded as wrong_result
  +-- WorkerDied              the measuring child process died and could not be restarted
+ +-- MeasuringStopped        a backend stopped the work in flight because the search must
+                             stop (its task was cancelled or lost); the search ends cancelled
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class WrongOutput(TunerError):
 
 
 class WorkerDied(TunerError):
+    pass
+
+
+class MeasuringStopped(TunerError):
     pass
 
 

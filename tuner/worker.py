@@ -47,8 +47,8 @@ SessionFactory = sessionmaker[Session]
 T = TypeVar("T")
 #: the error of a task whose run was interrupted (Ctrl-C or SIGTERM of ``tuner tune``)
 INTERRUPTED = "interrupted"
-#: how often (seconds) a running search checks whether its job was cancelled
-CANCEL_POLL_S = 2.0
+#: how often (seconds) a running task checks whether its job was cancelled
+CANCEL_POLL_S = 1.0
 
 
 @dataclass
@@ -337,11 +337,21 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                             roofline_min_trials=(DEFAULT_STOP_MIN_TRIALS
                                                  if roof and roof.bound == "compute" else 0),
                             incumbent=incumbent)
+    # the backend stops a measurement in flight when the task must stop (a cancel: within
+    # about CANCEL_POLL_S, not after a long compile or the finalists' re-timing)
+    interruptible = hasattr(backend, "interrupt")
+    if interruptible:
+        backend.interrupt = stop
+    stop.start()
     try:
         result = run_search(kernel, shape, dtype, backend, options,
                             on_trial=_trial_recorder(run, on_trial), should_stop=stop)
     except WorkerDied as exc:
         return _finish(run, "failed", None, fp.key, False, str(exc))
+    finally:
+        stop.close()
+        if interruptible:
+            backend.interrupt = None
     if result.stop_reason == "cancelled":
         return _finish(run, stop.status, result, fp.key, False, None)
     if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
@@ -551,27 +561,58 @@ def _requeue(run: _Run, why: str) -> TaskOutcome:
 
 
 class _StopCheck:
-    """Called by the search between batches: stop when the job was cancelled or the lease lost."""
+    """Whether the task must stop: its job was cancelled (``status`` "cancelled"), or the task
+    is no longer this worker's ("lost": the heartbeat says so, or the task's row names
+    another lease owner or status). This thread reads the task every ``CANCEL_POLL_S``, one
+    short read transaction each; calling the check costs nothing, so the search asks it
+    between batches and the backend while a measurement is in flight (``interrupt``). A
+    failed read is logged and tried at the next poll: the task's writes meet the fault."""
 
     def __init__(self, run: _Run, job_id: str, heartbeat: Callable[[], bool] | None) -> None:
         self.run, self.job_id = run, job_id
         self.heartbeat = heartbeat
-        self.last = 0.0
         self.status = "cancelled"
+        self.stopped = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"stop-check-{run.task_id}")
 
     def __call__(self) -> bool:
-        now = time.monotonic()
-        if now - self.last < CANCEL_POLL_S:
-            return False
-        self.last = now
-        if self.heartbeat is not None and not self.heartbeat():
-            self.status = "lost"
-            return True
-        return self.run.store("checking for a cancel", self._cancelled)
+        return self.stopped.is_set()
 
-    def _cancelled(self) -> bool:
+    def start(self) -> None:
+        self._thread.start()
+
+    def _watch(self) -> None:
+        failing = False
+        while not self._done.wait(CANCEL_POLL_S):
+            try:
+                why = self._why()
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - the next poll tries again
+                if not failing:
+                    log.warning("task %s: checking for a cancel failed (%s)", self.run.task_id,
+                                describe(exc))
+                failing, why = True, None
+            if why is not None:
+                self.status = why
+                self.stopped.set()
+                return
+
+    def _why(self) -> str | None:
+        if self.heartbeat is not None and not self.heartbeat():
+            return "lost"
         with self.run.factory() as session:
-            return repo.get_task(session, self.run.task_id).status == "cancelled"
+            task = repo.get_task(session, self.run.task_id)
+            status, owner = task.status, task.lease_owner
+        if status == "cancelled":
+            return "cancelled"
+        if self.run.worker_id is not None and (status, owner) != ("running", self.run.worker_id):
+            return "lost"
+        return None
+
+    def close(self) -> None:
+        self._done.set()
 
 
 def worker_id() -> str:

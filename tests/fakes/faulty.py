@@ -130,3 +130,25 @@ class PoolOnlyKernel(FaultyKernel):
 
 
 POOL_ONLY = PoolOnlyKernel()
+
+
+class SleepyKernel(FaultyKernel):
+    """Every launch sleeps ``$FAKE_LAUNCH_S`` seconds (0 without it) after touching the file
+    ``$FAKE_LAUNCH_MARK`` (where set): a trial, or a re-timing, as long as a test needs, and a
+    sign that one is in flight."""
+
+    name = "sleepy"
+    ref = "tests.fakes.faulty:SLEEPY"
+
+    def space(self) -> SearchSpace:
+        return SearchSpace((Param.ints("MODE", (GOOD,)), Param.ints("SLOW", (1, 2, 3))))
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        if mark := os.environ.get("FAKE_LAUNCH_MARK"):
+            with open(mark, "a"):
+                pass
+        time.sleep(float(os.environ.get("FAKE_LAUNCH_S", "0")))
+        torch.add(inputs["a"], inputs["b"], out=inputs["out"])
+
+
+SLEEPY = SleepyKernel()

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +26,7 @@ from tuner.backends.child import CALIBRATION_RUNS, child_main, is_sticky
 from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
-from tuner.errors import WorkerDied
+from tuner.errors import MeasuringStopped, WorkerDied
 from tuner.measurement import Measurement, Outcome
 from tuner.space import SearchSpace
 
@@ -38,6 +38,10 @@ class _Timeout(Exception):
 
 
 class _Died(Exception):
+    pass
+
+
+class _Interrupted(Exception):
     pass
 
 
@@ -62,7 +66,10 @@ class ChildProcess:
             raise WorkerDied(f"the {kind} child did not start: {reply[1]}")
         self.fingerprint: DeviceFingerprint = reply[1]
 
-    def receive(self, timeout_s: float) -> tuple[Any, ...]:
+    def receive(self, timeout_s: float,
+                interrupt: Callable[[], bool] | None = None) -> tuple[Any, ...]:
+        """The child's next reply, waited for ``timeout_s`` at most; ``interrupt`` is asked
+        every 0.5 s meanwhile (True: ``_Interrupted``, the reply left unread)."""
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -75,6 +82,8 @@ class ChildProcess:
                 raise _Died(self._death_note()) from None
             if not self.process.is_alive() and not self.conn.poll(0):
                 raise _Died(self._death_note())
+            if interrupt is not None and interrupt():
+                raise _Interrupted
 
     def send(self, message: tuple[Any, ...]) -> None:
         try:
@@ -131,6 +140,11 @@ class ProcessBackend:
         self.kernel_ref, self.shape, self.dtype, self.seed = kernel_ref, shape, dtype, seed
         self.device_index = device_index
         self.timing = timing or TimingOptions()
+        #: asked every 0.5 s while a measurement or re-timing is in flight (a worker sets its
+        #: task's stop check): True kills the child mid-work and raises MeasuringStopped; the
+        #: backend is then unhealthy (``stopped``) and is closed, not reused
+        self.interrupt: Callable[[], bool] | None = None
+        self.stopped = False
         self.consecutive_deaths = 0
         self.restarts = 0
         #: fastest fully timed p50 so far: configs far slower get only a quick timing
@@ -168,7 +182,17 @@ class ProcessBackend:
 
     @property
     def healthy(self) -> bool:
-        return self.consecutive_deaths < self.timing.max_consecutive_deaths
+        return (self.consecutive_deaths < self.timing.max_consecutive_deaths
+                and not self.stopped)
+
+    def _stop_in_flight(self, doing: str) -> MeasuringStopped:
+        """``interrupt`` said stop: the child's work in flight is abandoned with the child (its
+        process group), which leaves the GPU at once; the compile pool is closed with the
+        backend."""
+        log.info("stopping the %s child while %s: the task must stop", self.kind, doing)
+        self._child.kill()
+        self.stopped = True
+        return MeasuringStopped(f"stopped while {doing}")
 
     @property
     def _settle_s(self) -> float:
@@ -307,6 +331,8 @@ class ProcessBackend:
                            {r.config for r in ready}], first=True)
         self._submit_ahead()
         while len(results) < len(unique):
+            if not ready and self.interrupt is not None and self.interrupt():
+                raise self._stop_in_flight("waiting for compiles")
             for compiled in self._pool.poll(0.0 if ready else 0.5):
                 self._ahead.discard(compiled.config)
                 if compiled.config not in wanted or compiled.config in results or any(
@@ -329,10 +355,13 @@ class ProcessBackend:
         phase, compile_s = "compile", None
         try:
             self._child.send(("measure", config, self.timing, self.best_ms))
-            reply = self._child.receive(self.timing.compile_timeout_s)
+            reply = self._child.receive(self.timing.compile_timeout_s, self.interrupt)
             if reply[0] == "compiled":
                 phase, compile_s = "run", reply[1]
-                reply = self._child.receive(self.timing.run_timeout_s + self._settle_s)
+                reply = self._child.receive(self.timing.run_timeout_s + self._settle_s,
+                                            self.interrupt)
+        except _Interrupted:
+            raise self._stop_in_flight(f"measuring {config.key()}") from None
         except _Timeout as exc:
             self.consecutive_deaths += 1
             self._restart(f"{config.key()} hung in its {phase} phase")
@@ -368,7 +397,10 @@ class ProcessBackend:
         limit = self.timing.run_timeout_s * entries * max(1, rounds) / 4
         try:
             self._child.send(("retime", list(configs), rounds, self.timing, baseline))
-            reply = self._child.receive(max(limit, self.timing.run_timeout_s) + self._settle_s)
+            reply = self._child.receive(max(limit, self.timing.run_timeout_s) + self._settle_s,
+                                        self.interrupt)
+        except _Interrupted:
+            raise self._stop_in_flight("re-timing the finalists") from None
         except (_Timeout, _Died) as exc:
             reply = ("error", str(exc))
         if reply[0] != "results":

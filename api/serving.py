@@ -568,7 +568,8 @@ class NoDelayHTTP(_http_protocol()):  # type: ignore[misc]
     """uvicorn's HTTP protocol with ``TCP_NODELAY`` on every connection. With several worker
     processes uvicorn binds the socket itself without naming the protocol, so asyncio does not
     see TCP and leaves Nagle's algorithm on: a response written as head then body waited for
-    the client's delayed ACK, 40 ms a lookup (``tuner serve`` names this class)."""
+    the client's delayed ACK, 40 ms a lookup (``tuner serve`` names its subclass,
+    ``api.connections.GuardedHTTP``)."""
 
     def connection_made(self, transport: Any) -> None:
         sock = transport.get_extra_info("socket")

@@ -189,14 +189,20 @@ def test_a_plugin_that_hangs_or_exits_while_importing_neither_holds_nor_stops_se
         assert proc.poll() is None
 
 
+#: the bounds of ``served`` on idle and slow connections (seconds)
+KEEP_ALIVE_S = 2
+READ_TIMEOUT_S = 4.0
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One ``tuner serve`` on 127.0.0.1 with its defaults, for the tests of what its HTTP
-    server refuses; its base URL."""
+    """One ``tuner serve`` on 127.0.0.1 with its defaults but short bounds on idle and slow
+    connections, for the tests of what its HTTP server refuses; its base URL."""
     data = tmp_path_factory.mktemp("served")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    with _serve(data, port) as proc:
+    with _serve(data, port, TUNER_KEEP_ALIVE_S=str(KEEP_ALIVE_S),
+                TUNER_REQUEST_READ_TIMEOUT_S=str(READ_TIMEOUT_S)) as proc:
         wait_ready(base, proc, timeout=180)
         yield base
 
@@ -224,3 +230,89 @@ def test_serve_on_loopback_refuses_a_host_it_does_not_serve(served: str):
         answer = _raw(served, f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n"
                               "Connection: close\r\n\r\n".encode())
         assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def _connect(base: str) -> socket.socket:
+    url = urlsplit(base)
+    return socket.create_connection((url.hostname or "", url.port or 0), timeout=30)
+
+
+def _closed_after(sock: socket.socket, trickle: bytes = b"", every_s: float = 0.5,
+                  limit_s: float = 60.0) -> tuple[float, bytes]:
+    """Send ``trickle`` a byte every ``every_s`` seconds (nothing when empty) until the server
+    closes the connection; (seconds it took, what the server sent)."""
+    started = time.monotonic()
+    received = b""
+    sock.settimeout(every_s)
+    for i in range(int(limit_s / every_s)):
+        if trickle:
+            try:
+                sock.send(trickle[i % len(trickle):i % len(trickle) + 1])
+            except OSError:  # closed under us
+                break
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        received += chunk
+    return time.monotonic() - started, received
+
+
+def _timeout_message(received: bytes) -> str:
+    assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+    [error] = json.loads(received.partition(b"\r\n\r\n")[2])["detail"]
+    return str(error["msg"])
+
+
+def test_an_idle_connection_is_closed_before_its_first_request(served: str):
+    with _connect(served) as sock:
+        took, received = _closed_after(sock)
+    assert received == b"" and KEEP_ALIVE_S - 0.5 <= took < KEEP_ALIVE_S + 10
+
+
+def test_a_request_head_sent_a_byte_at_a_time_is_answered_408_and_closed(served: str):
+    with _connect(served) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        # a byte every half second: each came before the keep-alive timeout would have
+        took, received = _closed_after(sock, trickle=b"X-Padding: aaaaaaaaaa\r\n")
+    assert READ_TIMEOUT_S - 0.5 <= took < READ_TIMEOUT_S + 10
+    assert _timeout_message(received) == (
+        "the request did not arrive within 4 s of its first byte "
+        "(TUNER_REQUEST_READ_TIMEOUT_S); the connection is closed")
+
+
+def test_a_request_body_sent_a_byte_at_a_time_is_answered_408_and_closed(served: str):
+    with _connect(served) as sock:
+        sock.sendall(b"POST /api/v1/configs/query HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+        took, received = _closed_after(sock, trickle=b" ")
+    assert READ_TIMEOUT_S - 0.5 <= took < READ_TIMEOUT_S + 10
+    assert "did not arrive within 4 s" in _timeout_message(received)
+
+
+def test_requests_sent_at_a_normal_pace_are_answered_on_one_kept_connection(served: str):
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with _connect(served) as sock:
+        for pause in (0.0, KEEP_ALIVE_S / 2):  # the second within the keep-alive timeout
+            time.sleep(pause)
+            for part in (request[:10], request[10:30], request[30:]):  # in pieces, promptly
+                sock.sendall(part)
+                time.sleep(0.05)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(65536)
+                assert chunk, "the connection was closed"
+                head += chunk
+            status, _, rest = head.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in status.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            while len(rest) < length:
+                rest += sock.recv(65536)
+            assert status.startswith(b"HTTP/1.1 200 ") and json.loads(rest)["status"]
+        # then idle after the response: closed by the keep-alive timeout
+        took, received = _closed_after(sock)
+        assert received == b"" and took < KEEP_ALIVE_S + 10

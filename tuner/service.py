@@ -423,7 +423,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         uvicorn.run("api.app:app", host=host, port=port, log_level="info",
-                    workers=processes, http="api.serving:NoDelayHTTP")
+                    workers=processes, http="api.connections:GuardedHTTP",
+                    timeout_keep_alive=settings.keep_alive_s)
     except _Terminated:
         log.info("SIGTERM: stopping the workers")
     finally:

@@ -143,6 +143,13 @@ class Settings(BaseSettings):
     #: Empty: any, except under ``tuner serve``, which sets it from ``--host``: localhost,
     #: 127.0.0.1, ::1 and that host, or any where it binds every address (0.0.0.0, ::)
     allowed_hosts: str = ""
+    #: seconds ``tuner serve`` keeps an idle connection open, before its first request as
+    #: between two (uvicorn's keep-alive timeout; ``api.connections``)
+    keep_alive_s: int = Field(default=5, gt=0)
+    #: seconds a request's head and body may take to arrive, from its first byte, under
+    #: ``tuner serve``; slower (a client trickling bytes to hold connections open): a 408 and
+    #: the connection closed (``api.connections``)
+    request_read_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
 
     @field_validator("data_dir", mode="before")
     @classmethod

@@ -210,3 +210,34 @@ def test_a_miss_reported_many_times_is_queued_once_tuned_then_served_exact(servi
     assert launch(example, fresh_kernel(example), NOWHERE) == "service"
     [miss] = httpx.get(f"{url}/api/v1/misses").json()["data"]
     assert miss["status"] == "tuned" and miss["count"] == 3
+
+
+def test_the_hot_path_launches_what_the_full_path_chose_and_only_then(example, tmp_path,
+                                                                        monkeypatch):
+    """After a key's first launch, a launch with positional arguments goes straight from its
+    key's values and dtype to the config's keywords: the same config, the problem never
+    named again; an unanswered key goes straight to Triton's autotuner; a keyword argument,
+    or a dtype not seen, takes the full path."""
+    from tuner.launching import launch_kwargs
+
+    tuner.configure(client=TunerClient("", configs_file=configs_file(tmp_path, example)))
+    kernel = fresh_kernel(example)
+    assert launch(example, kernel, IN_FILE) == "file"
+    assert launch(example, kernel, NOWHERE) == "triton"
+    assert sorted(kernel._fast.values(), key=lambda v: v is None) == [
+        launch_kwargs(FILE_CONFIG), None]
+    seen: list[dict[str, Any]] = []
+    run = kernel.fn.run
+    monkeypatch.setattr(kernel.fn, "run", lambda *a, **kw: seen.append(kw) or run(*a, **kw))
+
+    def named_again(_named: Any) -> Any:
+        raise AssertionError("the hot path named the launch's problem again")
+
+    monkeypatch.setattr(kernel, "problem", named_again)
+    assert launch(example, kernel, IN_FILE) == "file"  # the output is checked there
+    assert {k: v for k, v in seen[-1].items() if k in launch_kwargs(FILE_CONFIG)} == \
+        launch_kwargs(FILE_CONFIG)
+    launch(example, kernel, NOWHERE)  # Triton's autotuner, its cached choice
+    x = torch.randn(*IN_FILE.values(), dtype=torch.float64)
+    with pytest.raises(AssertionError, match="named the launch's problem again"):
+        kernel[(1,)](x, x[0], x, *IN_FILE.values(), 1, 1)  # a dtype not seen: the full path

@@ -141,6 +141,15 @@ class Autotuned:
         self._triton_options = triton_options
         self._triton: Any = None
         self._chosen: dict[ProblemKey, KernelConfig | None] = {}
+        #: the hot path: a launch whose arguments are all positional, its key's values plain
+        #: integers, goes from (its argument count, key values, the dtype of ``dtype_arg`` or
+        #: the first argument) straight to its launch keywords (None: Triton's autotuner),
+        #: without naming its arguments again (``fast_key``); a custom ``problem`` reads any
+        #: argument, so it has none
+        self._key_pos = (None if problem is not None else
+                         tuple(self.arg_names.index(k) for k in self.key))
+        self._dtype_pos = self.arg_names.index(dtype_arg) if dtype_arg else 0
+        self._fast: dict[tuple[Any, ...], dict[str, Any] | None] = {}
         #: where each problem's config came from: "file", "service" or "triton"
         self.sources: dict[ProblemKey, str] = {}
         self._lock = threading.Lock()
@@ -195,15 +204,44 @@ class Autotuned:
 
     # -- launching -------------------------------------------------------------------------
 
+    def fast_key(self, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The hot path's key of a launch with positional arguments only: None where it has
+        none (a custom ``problem``, a key argument missing or not a plain integer, or a
+        dtype that is not the first tensor's)."""
+        positions = self._key_pos
+        if positions is None or len(args) <= max(positions, default=0):
+            return None
+        values = tuple(args[i] for i in positions)
+        for value in values:
+            if type(value) is not int:
+                return None
+        dtype = getattr(args[self._dtype_pos], "dtype", None) if self._dtype_pos < len(
+            args) else None
+        if dtype is None:  # the problem's dtype is a later argument's: the full path
+            return None
+        return (len(args), values, dtype)
+
     def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
+        fast = None
+        if not kwargs and not warmup and _forced.get() is None:
+            fast = self.fast_key(args)
+            if fast is not None and fast in self._fast:
+                launch = self._fast[fast]
+                if launch is None:
+                    return self._triton_autotuner().run(*args, grid=grid, warmup=False)
+                return self.fn.run(*args, grid=grid, warmup=False, **launch)
         config = _forced.get()
         if config is None:
             named = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
             problem = self.problem(named)
             config = self.config_for(problem) if problem is not None else None
         if config is None:
+            if fast is not None:
+                self._fast[fast] = None
             return self._triton_autotuner().run(*args, grid=grid, warmup=warmup, **kwargs)
         hook = self.hooks.pre_hook(config)
+        if fast is not None and hook is None:
+            self._fast[fast] = launch_kwargs(config)
         if hook is not None:  # as Triton calls a config's pre_hook before its launch
             hook({**dict(zip(self.arg_names, args, strict=False)), **kwargs,
                   **launch_kwargs(config)})

@@ -422,17 +422,26 @@ def test_a_search_cancelled_between_batches_ends_without_retiming_its_finalists(
 
 
 #: a worker (as ``tuner worker`` runs one) claiming one task of the sleepy kernel on the
-#: interpreter; it prints how the task ended
+#: interpreter; it prints how the task ended. With a second argument, as a dispatcher's worker
+#: runs it: the task handed over, the dispatcher's abort signal that file's existence
 _SLEEPY_WORKER = """
-import sys
+import os, sys
+from db import repo
 from db.engine import init_db
 from tests.fakes.faulty import SLEEPY
 from tuner import worker
 
 worker.get_kernel = lambda name: SLEEPY
-w = worker.Worker(init_db(sys.argv[1]), backend_kind="interpret", device_key="interpret:cpu",
-                  name="w1")
-outcome = w.run_once()
+factory = init_db(sys.argv[1])
+w = worker.Worker(factory, backend_kind="interpret", device_key="interpret:cpu", name="w1")
+if len(sys.argv) > 2:
+    with factory() as session:
+        task = repo.claim_task(session, worker_id=w.id, device_key=w.device_key,
+                               lease_seconds=w.lease_seconds)
+        session.commit()
+    outcome = w.run_claimed(task.id, abort=lambda: os.path.exists(sys.argv[2]))
+else:
+    outcome = w.run_once()
 print("outcome", outcome.status, flush=True)
 """
 #: how soon a cancelled task must have stopped (the worker checks every second)
@@ -446,10 +455,15 @@ def _sleepy_task(factory: Any, trials: int) -> int:
                       dtype="float32", strategy="exhaustive", force=True)
 
 
-def _cancel_and_time_the_stop(factory: Any, task_id: int, proc: Any, log: Path) -> float:
+def _cancel_and_time_the_stop(factory: Any, task_id: int, proc: Any, log: Path,
+                              abort: Path | None = None) -> float:
+    """Cancel the task's job (then, with ``abort``, signal the dispatcher's abort, as the
+    API's cancel does) and wait for the worker's outcome: how long that took."""
     with factory() as session:
         repo.cancel_job(session, repo.get_task(session, task_id).job_id)
         session.commit()
+    if abort is not None:
+        abort.touch()
     cancelled = time.monotonic()
     deadline = cancelled + STOPPED_WITHIN_S
     while "outcome" not in log.read_text():
@@ -462,11 +476,13 @@ def _cancel_and_time_the_stop(factory: Any, task_id: int, proc: Any, log: Path) 
     return took
 
 
-def _start_sleepy(url: str, tmp_path: Path, launch_s: float) -> tuple[Any, Path, Path]:
+def _start_sleepy(url: str, tmp_path: Path, launch_s: float,
+                  abort: Path | None = None) -> tuple[Any, Path, Path]:
     log, mark = tmp_path / "worker.log", tmp_path / "launched"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _SLEEPY_WORKER, url], cwd=ROOT,
+            [sys.executable, "-c", _SLEEPY_WORKER, url, *([str(abort)] if abort else [])],
+            cwd=ROOT,
             env=interpreter_env(FAKE_LAUNCH_S=str(launch_s), FAKE_LAUNCH_MARK=str(mark),
                                 TUNER_STOP_CHANCE="0"),
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -480,15 +496,18 @@ def _kill(proc: Any) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("dispatched", [False, True], ids=["claimed", "dispatched"])
 def test_a_cancel_stops_a_task_in_the_middle_of_a_long_measurement(any_db_url: str,
-                                                                   tmp_path: Path):
+                                                                   tmp_path: Path,
+                                                                   dispatched: bool):
     factory = init_db(any_db_url)
     task_id = _sleepy_task(factory, trials=4)
+    abort = tmp_path / "abort" if dispatched else None
     # every launch takes 10 minutes: the first trial's is in flight when the job is cancelled
-    proc, log, mark = _start_sleepy(any_db_url, tmp_path, launch_s=600)
+    proc, log, mark = _start_sleepy(any_db_url, tmp_path, launch_s=600, abort=abort)
     try:
         wait_for(mark.exists, proc, timeout=180)
-        took = _cancel_and_time_the_stop(factory, task_id, proc, log)
+        took = _cancel_and_time_the_stop(factory, task_id, proc, log, abort)
     finally:
         _kill(proc)
     assert took < STOPPED_WITHIN_S

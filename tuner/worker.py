@@ -600,14 +600,19 @@ class _StopCheck:
                 return
 
     def _why(self) -> str | None:
-        if self.heartbeat is not None and not self.heartbeat():
-            return "lost"
-        with self.run.factory() as session:
-            task = repo.get_task(session, self.run.task_id)
-            status, owner = task.status, task.lease_owner
-        if status == "cancelled":
+        alive = self.heartbeat is None or self.heartbeat()
+        try:
+            with self.run.factory() as session:
+                task = repo.get_task(session, self.run.task_id)
+                status, owner = task.status, task.lease_owner
+        except Exception:
+            if not alive:  # stopping, or the lease is gone: the row only says which
+                return "lost"
+            raise
+        if status == "cancelled":  # also where the heartbeat (or a dispatcher's abort) saw it
             return "cancelled"
-        if self.run.worker_id is not None and (status, owner) != ("running", self.run.worker_id):
+        if not alive or (self.run.worker_id is not None
+                         and (status, owner) != ("running", self.run.worker_id)):
             return "lost"
         return None
 

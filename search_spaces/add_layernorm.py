@@ -18,7 +18,6 @@ layers as ``softmax``: ``_add_layernorm_kernel`` -> ``add_layernorm`` (the launc
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ import triton.language as tl
 from search_spaces.vector_add import streaming_seconds
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
-from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: LayerNorm's epsilon (torch's default)
@@ -172,7 +171,7 @@ class AddLayerNormKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        return builtin_version(self, _add_layernorm_kernel)
 
     def space(self) -> SearchSpace:
         return SearchSpace(

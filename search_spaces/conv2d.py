@@ -63,7 +63,6 @@ Same three layers as ``matmul``: ``_conv2d_kernel`` and ``_conv2d_padded_kernel`
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -73,11 +72,10 @@ import torch
 import triton
 import triton.language as tl
 
-from search_spaces import matmul as matmul_module
 from search_spaces.matmul import grouped_tile, tile_shared_memory
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
-from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: the layouts, by the ``CHANNELS_LAST`` constexpr the kernel takes
@@ -680,8 +678,8 @@ class Conv2dKernel:
 
     @property
     def version(self) -> str:
-        # matmul's tile order and tile constraints are part of this kernel
-        return source_version(sys.modules[__name__], matmul_module)
+        # with the matmul code they reach (tile order, K loop, tile constraints)
+        return builtin_version(self, _conv2d_kernel, _conv2d_padded_kernel, _pad_kernel)
 
     def space(self) -> SearchSpace:
         params = [

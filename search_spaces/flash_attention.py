@@ -47,7 +47,6 @@ full attention or the reverse. Same three layers as ``matmul``: ``_flash_attenti
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +61,7 @@ except ImportError:  # pragma: no cover - older Triton: the space offers TMA=0 o
 
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
-from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version
 from tuner.space import DEFAULT_SMEM_LIMIT, Param, ProblemContext, SearchSpace
 
 #: the running max's start: below any real score, yet finite, so that a row whose first block
@@ -510,7 +509,7 @@ class FlashAttentionKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        return builtin_version(self, _flash_attention_kernel)
 
     def space(self) -> SearchSpace:
         return SearchSpace(

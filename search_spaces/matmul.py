@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -46,7 +45,7 @@ import triton.language as tl
 
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
-from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
 
@@ -988,7 +987,9 @@ class MatmulKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        return builtin_version(self, _matmul_kernel, _matmul_persistent_kernel,
+                               _matmul_tma_persistent_kernel, _matmul_split_k_kernel,
+                               _split_k_reduce_kernel, _matmul_stream_k_kernel, _stage_kernel)
 
     def space(self) -> SearchSpace:
         """The tiled space plus the algorithm: VARIANT (categorical, ``VARIANTS`` names its

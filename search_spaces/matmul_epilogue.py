@@ -25,7 +25,6 @@ launcher) -> ``MatmulEpilogueKernel`` (the TunableKernel, one instance per epilo
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,7 +52,7 @@ from search_spaces.matmul import (
 )
 from tuner.config import KernelConfig
 from tuner.dtypes import torch_dtype
-from tuner.kernel import Dim, OutputCheck, Tolerance, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: the VARIANT values offered (matmul's numbering)
@@ -285,8 +284,8 @@ class MatmulEpilogueKernel:
 
     @property
     def version(self) -> str:
-        # matmul's K loop, tile order, space and prior are part of this kernel
-        return source_version(sys.modules[__name__], sys.modules[MATMUL.__module__])
+        # with the matmul code they reach (tile order, K loop, tile constraints)
+        return builtin_version(self, _matmul_epilogue_kernel)
 
     def space(self) -> SearchSpace:
         """matmul's tiled space plus VARIANT, of matmul's variants those that end with a

@@ -37,7 +37,6 @@ some experts may get no tokens (they get no tiles). Same three layers as ``matmu
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -46,7 +45,6 @@ import torch
 import triton
 import triton.language as tl
 
-from search_spaces import matmul as matmul_module
 from search_spaces.matmul import (
     even_k,
     num_sms,
@@ -59,7 +57,7 @@ from search_spaces.matmul import (
 )
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
-from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: the BLOCK_SIZE_M values of the space: make_inputs aligns the routing for each
@@ -498,8 +496,9 @@ class MoeGemmKernel:
 
     @property
     def version(self) -> str:
-        # matmul's tile order, launch helpers and tile constraints are part of this kernel
-        return source_version(sys.modules[__name__], matmul_module)
+        # with the matmul code they reach (tile order, K loop, tile constraints)
+        return builtin_version(self, _moe_gemm_kernel, _moe_gemm_persistent_kernel,
+                               _moe_gemm_tma_persistent_kernel)
 
     def space(self) -> SearchSpace:
         return SearchSpace(params=_space_params(),

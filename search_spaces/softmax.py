@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,7 +64,7 @@ from search_spaces.vector_add import (
 )
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
-from tuner.kernel import Dim, OutputCheck, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: stands in for -inf as the running max before any element: exp(NEG - m) is 0 for any real
@@ -677,7 +676,8 @@ class SoftmaxKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        return builtin_version(self, _softmax_kernel, _softmax_partials_kernel,
+                               _softmax_split_write_kernel, _softmax_split_sync_kernel)
 
     def space(self) -> SearchSpace:
         return SearchSpace(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ import triton.language as tl
 
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
-from tuner.kernel import Dim, Tolerance, shrunk_dim, source_version
+from tuner.kernel import Dim, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: the interpreter has no SMs: a few stand-ins make the persistent grid's stride loop iterate
@@ -196,7 +195,7 @@ class VectorAddKernel:
 
     @property
     def version(self) -> str:
-        return source_version(sys.modules[__name__])
+        return builtin_version(self, _vector_add_kernel)
 
     def space(self) -> SearchSpace:
         return SearchSpace(

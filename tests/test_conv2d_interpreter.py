@@ -308,7 +308,7 @@ def test_both_layouts_are_registered_under_their_names_and_refs():
     assert set(KERNELS) == {"conv2d", "conv2d_nhwc"}
     for name, kernel in KERNELS.items():
         assert get_kernel(name) is kernel and load_ref(kernel.ref) is kernel
-    assert NCHW.version == NHWC.version  # one module, one kernel source
+    assert NCHW.version != NHWC.version  # one module, two spaces (NCHW's PADDED and NSPLIT)
     assert "NHWC" in NHWC.description and "PAD1 = padding + 1" in NCHW.description
     with pytest.raises(ValueError, match="layout must be one of nchw, nhwc"):
         Conv2dKernel("nchwc")

@@ -113,21 +113,25 @@ def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
     assert KERNELS[name].space().contains(KernelConfig(summary["best_config"]))
 
 
-def test_the_version_follows_matmul_s_source_too(monkeypatch):
+def test_the_version_follows_matmul_s_code_too(monkeypatch):
     """The epilogue kernels run matmul's K loop and tile order (``tile_dot``,
     ``grouped_tile``) and search its space: a change there is a change of this kernel, and its
-    stored configs must stop counting as exact."""
+    stored configs must stop counting as exact. A comment there is none."""
     import inspect
 
     import search_spaces.matmul as matmul_module
-    from search_spaces import get_kernel
+    from search_spaces.matmul_epilogue import MatmulEpilogueKernel
 
-    kernel = get_kernel("matmul_epilogue_gelu")
-    before = kernel.version
+    before = MatmulEpilogueKernel("gelu", residual=False).version
     real = inspect.getsource
-    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + (
-        "# edited\n" if obj is matmul_module else ""))
-    assert kernel.version != before
+
+    def edited(tail: str) -> str:
+        monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + (
+            tail if obj is matmul_module.tile_dot.fn else ""))
+        return MatmulEpilogueKernel("gelu", residual=False).version  # a version is computed once
+
+    assert edited("    # a comment\n") == before
+    assert edited("    acc = acc + 0\n") != before
 
 
 def test_the_fast_activation_is_for_16_bit_outputs_on_nvidia_gpus_only():

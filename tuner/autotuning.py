@@ -34,10 +34,11 @@ from typing import Any
 
 from tuner.client import TunerClient
 from tuner.config import KernelConfig
+from tuner.errors import InvalidRequest
 from tuner.launching import Hooks, Problem, ProblemFn, launch_kwargs, unwrap
 from tuner.settings import ClientSettings
 from tuner.shapes import shape_key
-from tuner.user_kernel import arg_names, config_from_triton, source_hash
+from tuner.user_kernel import arg_names, config_from_triton, space_from_configs, user_version
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,8 @@ class Autotuned:
         self.problem_spec = Problem(tuple(self.key), tuple(self.arg_names), problem, dtype_arg)
         #: each listed config's pre_hook (a served config outside the list gets the shared one)
         self.hooks = Hooks.of(None, self.configs)
-        self.version = source_hash(fn, name)
+        #: what it runs and its configs (``user_version``): a ``tuner.Kernel`` of it agrees
+        self.version = _version(fn, self.configs)
         self._triton_options = triton_options
         self._triton: Any = None
         self._chosen: dict[ProblemKey, KernelConfig | None] = {}
@@ -255,6 +257,17 @@ class Autotuned:
 
     def __repr__(self) -> str:
         return f"tuner.autotune({self.name!r}, version={self.version})"
+
+
+def _version(fn: Any, configs: Sequence[Any]) -> str:
+    """``user_version`` over the decorator's configs and the space around them (none where
+    they set different parameters: Triton takes such a list, a ``tuner.Kernel`` does not)."""
+    listed = [config_from_triton(c) for c in configs]
+    try:
+        space = space_from_configs(listed) if listed else None
+    except InvalidRequest:
+        space = None
+    return user_version(fn, listed, space)
 
 
 def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str,

@@ -4,6 +4,9 @@ Built-in kernels live one per module in ``search_spaces/``; users describe their
 with ``tuner.Kernel`` (``tuner/user_kernel.py``) or implement this protocol directly. Every
 registered kernel passes the conformance suite (``tuner.testing``, run over the registry by
 ``tests/test_kernel_conformance.py``; plugin authors run it on theirs).
+
+A kernel's ``version`` is ``code_version`` (``tuner/code_hash.py``) of what it runs and how it
+is searched; built-ins take it from ``builtin_version``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+from tuner.code_hash import code_version
 from tuner.config import KernelConfig
 from tuner.space import ProblemContext, SearchSpace
 
@@ -254,11 +258,26 @@ def missing_members(obj: object) -> list[str]:
 
 
 def source_version(*modules: ModuleType) -> str:
-    """A short hash of a kernel's source: its module's, and of the modules whose device code or
-    search space it reuses (one module hashes as it always did). A stored config is only valid
-    for this code."""
+    """A short hash of whole modules' source. Superseded by ``code_version`` (any edit of a
+    module, a comment included, changes it); kept for plugins written against it."""
     source = "".join(inspect.getsource(module) for module in modules)
     return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def builtin_version(kernel: Any, *launched: Any) -> str:
+    """A built-in kernel's version (``code_version``): the jit functions it launches
+    (``launched``, declared by the kernel) and those they call; its host code, ``launch`` and
+    ``default_config`` and what they call in its package (the launcher decides which jit
+    function runs, with which constexprs and grid; the default is what a tuned config must
+    beat); its space and constraints. Not its ``known_good_configs``, ``prior``,
+    ``make_inputs`` or ``reference``: they steer a search or check it, and a change of them
+    leaves stored configs right for the code. Computed once per kernel object."""
+    cached = vars(kernel).get("_code_version")
+    if not isinstance(cached, str):
+        cached = code_version(*launched, kernel.launch, kernel.default_config,
+                              space=kernel.space())
+        vars(kernel)["_code_version"] = cached
+    return cached
 
 
 def load_ref(ref: str) -> Any:

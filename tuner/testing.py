@@ -229,7 +229,7 @@ def check_version(case: Case) -> Iterator[str]:
     version = case.kernel.version
     if not isinstance(version, str) or not re.fullmatch(r"[0-9a-f]{12}", version):
         yield (f"version {version!r} is not 12 lowercase hex digits: make it a hash of the "
-               "kernel's source (tuner.kernel.source_version(module))")
+               "code it runs and its space (tuner.kernel.code_version)")
         return
     if case.kernel.version != version:
         yield "version changes from one read to the next"

@@ -24,14 +24,20 @@ and ``grid`` is called like Triton's, with the config's meta-parameters and ever
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.config import KernelConfig
 from tuner.errors import InvalidConfig, InvalidRequest, WrongOutput
-from tuner.kernel import DEFAULT_TOLERANCES, MAX_FULL_COMPILE_BYTES, Dim, OutputCheck, Tolerance
+from tuner.kernel import (
+    DEFAULT_TOLERANCES,
+    MAX_FULL_COMPILE_BYTES,
+    Dim,
+    OutputCheck,
+    Tolerance,
+    code_version,
+)
 from tuner.launching import (
     Hooks,
     Problem,
@@ -71,14 +77,16 @@ def python_function(fn: Any) -> Callable[..., Any]:
     return inner
 
 
-def source_hash(fn: Any, name: str) -> str:
-    """A short hash of the kernel's source and name: its ``version``. The client computes the
-    same hash from the same source, so a config is exact only for the code it was tuned on."""
-    try:
-        source = inspect.getsource(python_function(fn))
-    except (OSError, TypeError):
-        source = getattr(jit_function(fn), "src", "") or repr(fn)
-    return hashlib.sha256(f"{name}\n{source}".encode()).hexdigest()[:12]
+def user_version(fn: Any, configs: Sequence[KernelConfig] = (),
+                 space: SearchSpace | None = None) -> str:
+    """A user's kernel's version (``code_version``): its jit function and every jit function
+    it calls, the constants they read, its ``triton.heuristics``, its config list and its
+    space (parameters, values, constraints). ``tuner.autotune`` computes it from the
+    decorator's configs, the same as a ``tuner.Kernel`` of that kernel, so the model's
+    process and the workers agree on it. The launcher (grid, ``make_inputs``) is not in it:
+    the model's process does not know the worker's."""
+    listed = [tuple(sorted(KernelConfig(c).items())) for c in configs]
+    return code_version(fn, space=space, extra=[("configs", listed)])
 
 
 def arg_names(fn: Any) -> list[str]:
@@ -246,7 +254,11 @@ class Kernel:
         self.output_check = output_check or OutputCheck()
         self.verification = "reference" if reference is not None else UNVERIFIED
         self._flops, self._bytes, self._prior = flops, bytes, prior
-        self._version = source_hash(fn, self.name)
+        # a tuner.autotune kernel's own version: the one its lookups send, whatever this
+        # description adds to its space
+        declared = getattr(fn, "version", None) if served is not None else None
+        self._version = declared if isinstance(declared, str) else user_version(
+            fn, self.configs, self._space)
         self._cross_checked: set[tuple[tuple[tuple[str, int], ...], str]] = set()
 
     def _make_space(self, space: SearchSpace | Mapping[str, Iterable[int]] | None,

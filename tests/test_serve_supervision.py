@@ -33,7 +33,8 @@ from tests.support_processes import (
 def _serve(data: Path, port: int, log_name: str = "serve.log", **env: str
            ) -> Iterator[subprocess.Popen[bytes]]:
     """``tuner serve --backend interpret`` on ``port`` with its SQLite file in ``data``, in a
-    session of its own; its whole group SIGKILLed on leaving."""
+    session of its own; stopped with SIGTERM on leaving (its whole group SIGKILLed if that
+    takes over a minute)."""
     with open(data / log_name, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--backend",
@@ -44,7 +45,11 @@ def _serve(data: Path, port: int, log_name: str = "serve.log", **env: str
             yield proc
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
 
 
@@ -316,3 +321,17 @@ def test_requests_sent_at_a_normal_pace_are_answered_on_one_kept_connection(serv
         # then idle after the response: closed by the keep-alive timeout
         took, received = _closed_after(sock)
         assert received == b"" and took < KEEP_ALIVE_S + 10
+
+
+def test_the_state_file_of_a_killed_serve_is_removed_by_the_next(tmp_path: Path):
+    from tuner.supervision import remove_stale_states
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    left = tmp_path / f"tuner-serve-{gone}-abc.json"
+    live = tmp_path / f"tuner-serve-{os.getpid()}-def.json"
+    other = tmp_path / "tuner-serve-notes.json"
+    for path in (left, live, other):
+        path.write_text("{}")
+    remove_stale_states(tmp_path)
+    assert not left.exists() and live.exists() and other.exists()

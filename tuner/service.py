@@ -435,9 +435,13 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
 
 def _state_file() -> Path:
     """A new file of this ``serve``'s worker states (``tuner.supervision``), in the temporary
-    folder: the data folder may be read-only, or absent with PostgreSQL."""
+    folder: the data folder may be read-only, or absent with PostgreSQL. Those a killed
+    ``serve`` left behind (its pid gone) are removed."""
     import tempfile
 
+    from tuner.supervision import remove_stale_states
+
+    remove_stale_states(Path(tempfile.gettempdir()))
     fd, name = tempfile.mkstemp(prefix=f"tuner-serve-{os.getpid()}-", suffix=".json")
     os.close(fd)
     return Path(name)

@@ -240,6 +240,26 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def remove_stale_states(folder: Path) -> None:
+    """Remove the state files in ``folder`` (``tuner-serve-<pid>-*.json``) of a ``serve``
+    that is gone (killed: one that stops removes its own)."""
+    for path in folder.glob("tuner-serve-*-*.json"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's
+        return True
+    return True
+
+
 def read_state() -> dict[str, Any] | None:
     """The worker states ``serve`` last wrote (``STATE_ENV``), or None: not under ``serve``,
     or the file is gone or unreadable."""

@@ -1,0 +1,273 @@
+"""``tuner.install()``: a real library kernel (fla-core's ``l2norm_fwd_kernel``, under fla's own
+``CachedAutotuner``, launched by fla's ``l2norm_fwd``), unchanged, gets its config from an
+exported configs file or the service (the real app on a real socket) on the first launch of
+each key; pinned mode never benchmarks; a miss is reported once; a dead service costs the
+deadline once; answers for another Triton, GPU or kernel version are never used;
+``uninstall`` gives Triton its autotuner back; ``python -m tuner.run`` and ``TUNER_INSTALL=1``
+hook kernels imported after them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from fla.modules.norm.l2norm import l2norm_fwd, l2norm_fwd_kernel
+
+import tuner
+from db import repo
+from db.engine import init_db
+from tests.api_support import INTERPRETER, register_devices, running_app
+from tests.corpus import generator, randn
+from tests.plugins import ROOT, registered
+from tests.test_client import CountingTransport
+from tuner.client import TunerClient
+from tuner.config import KernelConfig
+from tuner.configs_file import ConfigsEntry, write_tuner
+from tuner.identity import local_triton_version
+from tuner.installing import ServedCache, kernel_name, kernel_version, sources
+from tuner.settings import Settings
+from tuner.user_kernel import config_from_triton
+
+NAME = kernel_name(l2norm_fwd_kernel)
+VERSION = kernel_version(l2norm_fwd_kernel)
+LISTED = [config_from_triton(c) for c in l2norm_fwd_kernel.configs]
+#: a listed config that is not the first (the first is what pinned mode falls back to)
+SERVED = LISTED[7]
+#: rows of width D: fla buckets the rows into NB (1 for fewer than 65,536)
+D_SERVED, D_OTHER = 24, 40
+
+
+def key(d: int) -> tuple[Any, ...]:
+    """Triton's key of ``l2norm_fwd`` on fp32 rows of width ``d``: (D, NB, x, y, rstd dtypes)."""
+    return (d, 1, "torch.float32", "torch.float32", "torch.float32")
+
+
+def launch(d: int, rows: int = 37) -> None:
+    x = torch.randn(rows, d)
+    y, _ = l2norm_fwd(x)
+    assert torch.allclose(y, x / x.norm(dim=-1, keepdim=True), atol=1e-5)
+
+
+def entry(d: int = D_SERVED, config: KernelConfig = SERVED, **identity: str) -> ConfigsEntry:
+    fields = {"kernel": NAME, "kernel_version": VERSION, "device": INTERPRETER,
+              "triton_version": local_triton_version() or "", **identity}
+    return ConfigsEntry(dtype="float32", shape={"D": d, "NB": 1}, config=config, ms=0.01,
+                        **fields)
+
+
+def configs_file(tmp_path: Path, *entries: ConfigsEntry) -> Path:
+    path = tmp_path / "exported.json"
+    write_tuner(entries, path)
+    return path
+
+
+class Bench:
+    """Triton's timer on the CPU (wall time), counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, fn: Any, quantiles: Any = None, **_: Any) -> Any:
+        self.calls += 1
+        started = time.perf_counter()
+        fn()
+        ms = (time.perf_counter() - started) * 1e3
+        return [ms] * len(quantiles) if quantiles else ms
+
+
+@pytest.fixture
+def bench() -> Iterator[Bench]:
+    """fla's kernel as a fresh process has it (nothing decided), timed by a counting CPU
+    stand-in; afterwards uninstalled and the client forgotten."""
+    counter = Bench()
+    l2norm_fwd_kernel.cache = {}
+    l2norm_fwd_kernel.__dict__["do_bench"] = counter  # Triton's cached_property
+    yield counter
+    tuner.uninstall()
+    tuner.configure(url="", configs_file="", client=None)
+    l2norm_fwd_kernel.cache = {}
+    del l2norm_fwd_kernel.__dict__["do_bench"]
+
+
+def chosen(d: int) -> KernelConfig:
+    return config_from_triton(l2norm_fwd_kernel.cache[key(d)])
+
+
+def test_a_config_from_the_configs_file_is_used_on_the_first_launch(bench, tmp_path):
+    tuner.configure(client=TunerClient("", configs_file=configs_file(tmp_path, entry())))
+    tuner.install(pinned=False)
+    assert isinstance(l2norm_fwd_kernel.cache, ServedCache)  # built before install: hooked
+    launch(D_SERVED)
+    launch(D_SERVED, rows=50)  # the same key: decided
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "file"}
+    assert chosen(D_SERVED) == SERVED and bench.calls == 0
+    launch(D_OTHER)  # in no store: Triton benchmarks its list
+    assert sources(l2norm_fwd_kernel)[key(D_OTHER)] == "triton"
+    assert bench.calls == len(LISTED)
+
+
+def test_pinned_mode_never_benchmarks(bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_PINNED", "1")
+    tuner.configure(client=TunerClient("", configs_file=configs_file(tmp_path, entry())))
+    tuner.install()
+    launch(D_SERVED)
+    launch(D_OTHER)
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "file", key(D_OTHER): "pinned"}
+    assert chosen(D_SERVED) == SERVED and chosen(D_OTHER) == LISTED[0]
+    assert bench.calls == 0
+
+
+def test_an_answer_for_another_triton_gpu_or_kernel_version_is_never_used(bench, tmp_path):
+    wrong = [entry(triton_version="2.9.0"), entry(device="cuda:NVIDIA H100 80GB HBM3:sm90"),
+             entry(kernel_version="0123456789ab")]
+    tuner.configure(client=TunerClient("", configs_file=configs_file(tmp_path, *wrong)))
+    tuner.install(pinned=True)
+    launch(D_SERVED)
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "pinned"}
+    assert chosen(D_SERVED) == LISTED[0] and bench.calls == 0
+
+
+def test_a_config_outside_the_list_is_used_if_it_sets_the_lists_parameters(bench, tmp_path,
+                                                                           caplog):
+    unlisted = KernelConfig(BT=4, num_warps=2, num_stages=1)
+    foreign = KernelConfig(BLOCK=64, num_warps=2, num_stages=1)
+    assert unlisted not in LISTED
+    tuner.configure(client=TunerClient("", configs_file=configs_file(
+        tmp_path, entry(config=unlisted), entry(D_OTHER, config=foreign))))
+    tuner.install(pinned=True)
+    with caplog.at_level(logging.WARNING, logger="tuner.installing"):
+        launch(D_SERVED)
+        launch(D_OTHER)
+        launch(D_OTHER + 8)
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "file", key(D_OTHER): "pinned",
+                                          key(D_OTHER + 8): "pinned"}
+    assert chosen(D_SERVED) == unlisted and chosen(D_OTHER) == LISTED[0]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{NAME}: the served config {foreign.key()} sets other parameters than the kernel's "
+        "configs; Triton's autotuning decides (shown once per kernel)"]
+
+
+def test_uninstall_gives_triton_its_autotuner_back(bench, tmp_path):
+    from triton.runtime.autotuner import Autotuner
+
+    plain_init = Autotuner.__init__
+    tuner.configure(client=TunerClient("", configs_file=configs_file(
+        tmp_path, entry(), entry(D_OTHER))))
+    tuner.install(pinned=True)
+    assert Autotuner.__init__ is not plain_init
+    launch(D_SERVED)
+    tuner.uninstall()
+    assert Autotuner.__init__ is plain_init and type(l2norm_fwd_kernel.cache) is dict
+    assert chosen(D_SERVED) == SERVED  # decided stays decided
+    launch(D_OTHER)  # in the file, but Triton's own autotuning decides again
+    assert bench.calls == len(LISTED)
+
+
+# -- the service: the real app, the kernel registered under its qualified name ----------------
+
+def _l2norm_inputs(shape: dict[str, int], dtype: str, device: str, seed: int) -> dict[str, Any]:
+    return {"x": randn(generator(device, seed), 37, shape["D"], dtype=dtype, device=device)}
+
+
+#: fla's kernel as the service knows it: its qualified name, its key as dimensions
+L2NORM = tuner.Kernel(l2norm_fwd_kernel, name=NAME, call=lambda a: l2norm_fwd(a["x"]),
+                      call_inputs=_l2norm_inputs, outputs=["y", "rstd"],
+                      dims={"D": (1, 512), "NB": (1, 64)})
+
+
+@pytest.fixture
+def service(tmp_path: Path, bench: Bench) -> Iterator[tuple[str, str]]:
+    db_url = f"sqlite:///{tmp_path / 'install.db'}"
+    with registered(extra_refs="tests.test_install:L2NORM"), running_app(
+            Settings(database_url=db_url)) as url:
+        register_devices(db_url, INTERPRETER)
+        yield url, db_url
+
+
+def store(db_url: str, d: int, config: KernelConfig) -> None:
+    with init_db(db_url)() as session:
+        repo.store_best(session, device_key=INTERPRETER, kernel=NAME, kernel_version=VERSION,
+                        dtype="float32", shape={"D": d, "NB": 1},
+                        triton_version=local_triton_version() or "", config=config.to_dict(),
+                        p20_ms=0.01, p50_ms=0.01, p80_ms=0.01, tflops=None, gbps=None,
+                        torch_version=None, cuda_version=None, task_id=None)
+        session.commit()
+
+
+def test_a_config_from_the_service_is_used_and_a_miss_reported_once(service, bench):
+    url, db_url = service
+    store(db_url, D_SERVED, SERVED)
+    transport = CountingTransport()
+    tuner.configure(client=TunerClient(url, transport=transport, report_misses=True,
+                                       client_name="model-a"))
+    tuner.install(pinned=True)
+    launch(D_SERVED)
+    launch(D_OTHER)
+    launch(D_OTHER, rows=50)  # the same key: not asked again
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "service", key(D_OTHER): "pinned"}
+    assert chosen(D_SERVED) == SERVED and bench.calls == 0
+    assert transport.paths == ["/api/v1/configs/query"] * 2
+    [miss] = httpx.get(f"{url}/api/v1/misses").json()["data"]
+    assert miss["kernel"] == NAME and miss["shape"] == {"D": D_OTHER, "NB": 1}
+    assert miss["count"] == 1
+
+
+def test_a_dead_service_costs_the_deadline_once(bench):
+    listener = socket.socket()  # accepts connections (the backlog), never answers
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        tuner.configure(client=TunerClient(url, timeout=1.0))
+        tuner.install(pinned=True)
+        started = time.monotonic()
+        launch(D_SERVED)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        launch(D_OTHER)
+        second = time.monotonic() - started
+    finally:
+        listener.close()
+    assert 1.0 <= first < 1.0 + max(3.0, 2 * second)
+    assert second < 1.0  # not asked again for retry_after_s
+    assert set(sources(l2norm_fwd_kernel).values()) == {"pinned"}
+
+
+# -- a fresh process: kernels imported after the hook --------------------------------------
+
+SCRIPT = """
+import json, sys
+import torch
+from fla.modules.norm.l2norm import l2norm_fwd, l2norm_fwd_kernel
+from tuner.installing import sources
+l2norm_fwd(torch.randn(37, int(sys.argv[1])))
+print(json.dumps({str(k[0]): s for k, s in sources(l2norm_fwd_kernel).items()}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_tuner_run_and_tuner_install_hook_kernels_imported_later(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNER_PINNED": "1", "TUNER_URL": "",
+           "TUNER_CONFIGS_FILE": str(configs_file(tmp_path, entry())),
+           "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "tuner.run", str(script), str(D_SERVED)],
+                         env=env, capture_output=True, text=True, timeout=240, check=True)
+    assert json.loads(run.stdout.splitlines()[-1]) == {str(D_SERVED): "file"}
+    code = f"import tuner, runpy, sys; sys.argv = ['m', '{D_OTHER}']; " \
+           f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    run = subprocess.run([sys.executable, "-c", code], env={**env, "TUNER_INSTALL": "1"},
+                         capture_output=True, text=True, timeout=240, check=True)
+    assert json.loads(run.stdout.splitlines()[-1]) == {str(D_OTHER): "pinned"}

@@ -1,0 +1,266 @@
+"""``tuner.install()``: every ``triton.autotune`` kernel of the process gets its configs from
+this project, with no change to its source.
+
+    import tuner
+    tuner.install()   # or TUNER_INSTALL=1 before ``import tuner``,
+                      # or ``python -m tuner.run SCRIPT [ARGS]``
+
+From then on every Triton ``Autotuner`` in the process (already built or built later,
+third-party libraries' included, and subclasses such as fla-core's ``CachedAutotuner``), on
+the first launch of each key, uses in order: the exported configs file, the service (the
+shared ``TunerClient``: one request under its deadline, misses reported), then Triton's own
+benchmarking over the kernel's list (``Autotuner.run`` as it is). With ``pinned``
+(``TUNER_PINNED=1``) nothing is benchmarked at run time: the store's answer, else the
+kernel's first config, so that every process makes the same choice.
+
+How (Triton has no hook before it benchmarks: ``knobs.autotuning.listener`` is told after):
+``Autotuner.run`` asks ``key not in self.cache`` before it benchmarks a key, so each
+autotuner's ``cache`` (Triton's own dict, keyed by Triton's own key: the autotune key's values
+then every tensor argument's dtype) is replaced by a ``ServedCache``, a dict whose
+``__contains__`` answers a key it does not hold by one lookup and stores the config found,
+which ``run`` then launches as it launches a cached choice (its ``pre_hook`` included). A
+launch of a key decided costs one dict lookup more than Triton's. The caches of autotuners
+that exist are replaced at ``install`` (found through ``gc``); ``Autotuner.__init__`` is
+patched at class level so that every one built later gets one. ``uninstall`` restores
+``__init__`` and plain dicts (keys decided stay decided, as in Triton's own cache).
+
+Identity: a kernel is its qualified name (``module.qualname`` of its Python function), its
+version (the kernel version helper over its jit function and its config list) and the
+process's device and Triton version; a problem is the autotune key's values by name (any type,
+``tuner.shapes.key_value``) and the first tensor's dtype. A served config the list does not
+hold gets the pre_hook the list's configs share; one that sets other parameters, a lookup that
+fails and a malformed answer leave the key to Triton, with one warning per kernel.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import threading
+import weakref
+from typing import Any
+
+from tuner.config import KernelConfig
+from tuner.launching import Hooks, unwrap
+from tuner.shapes import key_value
+
+log = logging.getLogger(__name__)
+
+#: the original ``Autotuner.__init__`` while installed (None: not installed)
+_original_init: Any = None
+_pinned = False
+_hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def _autotuner_class() -> Any:
+    from triton.runtime.autotuner import Autotuner
+
+    return Autotuner
+
+
+def kernel_name(autotuner: Any) -> str:
+    """The name a hooked kernel is known by: its Python function's module and qualname."""
+    python = unwrap(autotuner).python
+    return f"{python.__module__}.{python.__qualname__}"
+
+
+def kernel_version(autotuner: Any) -> str:
+    """The kernel's version: the version helper ``tuner.autotune`` uses, over the autotuner (its
+    jit function and what that reaches) and its config list."""
+    from tuner import autotuning, user_kernel
+
+    helper = getattr(autotuning, "_version", None)
+    if helper is not None:
+        return str(helper(autotuner, list(autotuner.configs)))
+    legacy = vars(user_kernel)["source_hash"]  # a source hash, before code_version
+    return str(legacy(autotuner, kernel_name(autotuner)))
+
+
+class ServedCache(dict[Any, Any]):
+    """An autotuner's ``cache`` that answers a key it does not hold from the configs file or
+    the service (see the module docstring). ``sources``: Triton's key -> ``"file"``,
+    ``"service"``, ``"pinned"`` (the first config, pinned mode) or ``"triton"``."""
+
+    def __init__(self, autotuner: Any, *args: Any) -> None:
+        super().__init__(*args)
+        self._autotuner = weakref.ref(autotuner)
+        self.sources: dict[Any, str] = {}
+        self._identity: tuple[str, str] | None = None
+        self._warned = False
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if key in self.sources:  # asked already: Triton's to decide (it is benchmarking)
+            return False
+        return self._serve(key)
+
+    def _serve(self, key: Any) -> bool:
+        autotuner = self._autotuner()
+        config, source = None, "triton"
+        if autotuner is not None:
+            try:
+                config, source = self._choose(autotuner, key)
+            except Exception as exc:  # noqa: BLE001 - a launch never fails for the lookup
+                self._warn(f"the lookup failed ({type(exc).__name__}: {exc})")
+                config, source = None, "triton"
+        self.sources[key] = source
+        if config is None:
+            return False
+        dict.__setitem__(self, key, config)
+        return True
+
+    def identity(self, autotuner: Any) -> tuple[str, str]:
+        """(name, version) of the kernel, computed once."""
+        if self._identity is None:
+            self._identity = (kernel_name(autotuner), kernel_version(autotuner))
+        return self._identity
+
+    def _choose(self, autotuner: Any, key: Any) -> tuple[Any, str]:
+        """The listed (or rebuilt) ``triton.Config`` for Triton's ``key`` and its source."""
+        from tuner.autotuning import shared_client
+
+        problem = problem_of(autotuner, key)
+        found = None
+        if problem is not None:
+            name, version = self.identity(autotuner)
+            shape, dtype = problem
+            found = shared_client().exact_config(name, shape, dtype, kernel_version=version)
+        if found is not None:
+            config = self._triton_config(autotuner, found[0])
+            if config is not None:
+                log.info("%s %s: tuned config from the %s: %s", self.identity(autotuner)[0],
+                         key, found[1], found[0].key())
+                return config, found[1]
+        if _pinned:
+            return autotuner.configs[0], "pinned"
+        return None, "triton"
+
+    def _triton_config(self, autotuner: Any, config: KernelConfig) -> Any:
+        """The list's ``triton.Config`` equal to ``config``, else one built with the pre_hook
+        the list's configs share; None (one warning) where the list sets other parameters or
+        its configs' pre_hooks differ."""
+        from tuner.user_kernel import config_from_triton
+
+        listed = list(autotuner.configs)
+        for candidate in listed:
+            if config_from_triton(candidate) == config:
+                return candidate
+        names = {frozenset(c.kwargs) for c in listed}
+        if names != {frozenset(config.meta)}:
+            self._warn(f"the served config {config.key()} sets other parameters than the "
+                       "kernel's configs")
+            return None
+        hooks = Hooks.of(autotuner, listed)
+        if hooks.pre_hooks and hooks.shared_pre_hook is None:
+            self._warn(f"the served config {config.key()} is not listed and the listed "
+                       "configs' pre_hooks differ")
+            return None
+        import triton
+
+        extra = {k: config[k] for k in ("num_ctas", "maxnreg") if k in config}
+        return triton.Config(dict(config.meta), num_warps=config.num_warps,
+                             num_stages=config.num_stages, pre_hook=hooks.shared_pre_hook,
+                             **extra)
+
+    def _warn(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            autotuner = self._autotuner()
+            name = kernel_name(autotuner) if autotuner is not None else "a kernel"
+            log.warning("%s: %s; Triton's autotuning decides (shown once per kernel)", name,
+                        why)
+
+
+def problem_of(autotuner: Any, key: Any) -> tuple[dict[str, int], str] | None:
+    """(shape, dtype) of Triton's key: the autotune key's values by name, then the first
+    tensor's dtype (``"none"`` without one); None for a key not shaped so."""
+    names = list(autotuner.keys)
+    if not isinstance(key, tuple) or len(key) < len(names):
+        return None
+    dtypes = key[len(names):]
+    if not all(isinstance(d, str) for d in dtypes):
+        return None
+    shape = {name: key_value(value) for name, value in zip(names, key, strict=False)}
+    dtype = dtypes[0].removeprefix("torch.") if dtypes else "none"
+    return shape, dtype
+
+
+def hook(autotuner: Any) -> ServedCache:
+    """Give ``autotuner`` a ``ServedCache`` (keeping what its cache holds); returns it."""
+    cache = getattr(autotuner, "cache", None)
+    if not isinstance(cache, ServedCache):
+        cache = ServedCache(autotuner, cache or {})
+        autotuner.cache = cache
+        _hooked.add(autotuner)
+    return cache
+
+
+def sources(kernel: Any) -> dict[Any, str]:
+    """Where each of a hooked kernel's keys got its config (Triton's key -> source); the
+    kernel may be given at any layer (heuristics over the autotuner)."""
+    autotuner = unwrap(kernel).autotuner
+    cache = getattr(autotuner, "cache", None)
+    return dict(cache.sources) if isinstance(cache, ServedCache) else {}
+
+
+def installed() -> bool:
+    return _original_init is not None
+
+
+def install(*, pinned: bool | None = None) -> None:
+    """Serve every Triton autotuner of this process (see the module docstring). ``pinned``:
+    never benchmark at run time (default: ``TUNER_PINNED=1``). Calling it again only updates
+    ``pinned``."""
+    global _original_init, _pinned
+    autotuner_class = _autotuner_class()
+    with _lock:
+        _pinned = os.environ.get("TUNER_PINNED", "") == "1" if pinned is None else pinned
+        if _original_init is not None:
+            return
+        original = _original_init = autotuner_class.__init__
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            hook(self)
+
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        autotuner_class.__init__ = __init__
+        for autotuner in _existing(autotuner_class):
+            hook(autotuner)
+
+
+def _existing(autotuner_class: Any) -> list[Any]:
+    """The autotuners that exist: those the garbage collector tracks, and those reachable from
+    a module's globals through ``fn`` layers (``gc.freeze()``, which servers call, hides
+    objects from ``gc.get_objects``)."""
+    found = {id(o): o for o in gc.get_objects()
+             if issubclass(type(o), autotuner_class)}  # type(): no lazy proxy is asked
+    from triton.runtime.jit import KernelInterface
+
+    for module in list(sys.modules.values()):
+        for value in list(getattr(module, "__dict__", {}).values()):
+            while issubclass(type(value), KernelInterface):  # autotune / heuristics / jit
+                if issubclass(type(value), autotuner_class):
+                    found[id(value)] = value
+                value = vars(value).get("fn")
+    return list(found.values())
+
+
+def uninstall() -> None:
+    """Triton's own behaviour again: ``Autotuner.__init__`` restored, every hooked cache a
+    plain dict of what it held."""
+    global _original_init
+    with _lock:
+        if _original_init is None:
+            return
+        _autotuner_class().__init__ = _original_init
+        _original_init = None
+        for autotuner in list(_hooked):
+            cache = getattr(autotuner, "cache", None)
+            if isinstance(cache, ServedCache):
+                autotuner.cache = dict(cache)
+        _hooked.clear()

@@ -30,9 +30,10 @@ import logging
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from db.repo import AmbiguousJobId, NotFound, ShortJobId
+from db.transient import is_unavailable
 from tuner.errors import InvalidRequest, TunerError
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,15 @@ async def database_unavailable(_request: Request, exc: Exception) -> JSONRespons
                         headers={"Retry-After": "5"})
 
 
+async def database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A driver error that is not an OperationalError but transient all the same (e.g. a
+    transaction the server aborted for idling, SQLSTATE 25P03, raised as InternalError): 503
+    like the others; anything else is the 500 it is."""
+    if is_unavailable(exc):
+        return await database_unavailable(request, exc)
+    raise exc
+
+
 async def not_in_memory(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(["database"], str(exc), "database_unavailable"), 503,
                         headers={"Retry-After": "5"})
@@ -138,4 +148,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(AmbiguousJobId, ambiguous_job_id)
     app.add_exception_handler(TunerError, tuner_error)
     app.add_exception_handler(OperationalError, database_unavailable)
+    app.add_exception_handler(DBAPIError, database_error)
     app.add_exception_handler(NotInMemory, not_in_memory)

@@ -281,3 +281,29 @@ def test_a_task_that_fails_for_good_keeps_its_fastest_verified_trial_as_the_stor
     assert (best.config, best.p50_ms, best.measured, best.task_id) == (
         fastest.config, fastest.p50_ms, "trial", task_id)
     assert "the task gave up: stored its fastest verified trial" in (task.best_note or "")
+
+
+def test_a_transient_driver_error_of_another_class_is_a_503_not_a_500(tmp_path):
+    """PostgreSQL aborts a transaction left idle past idle_in_transaction_session_timeout
+    (SQLSTATE 25P03), which psycopg raises as an InternalError, not an OperationalError: the
+    API answers it 503 like any unavailable database; another driver error stays a 500."""
+    import psycopg
+    from fastapi.testclient import TestClient
+    from sqlalchemy.exc import InternalError, ProgrammingError
+
+    from api.app import create_app
+    from tuner.settings import Settings
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'x.db'}"))
+
+    @app.get("/boom/{kind}")
+    def boom(kind: str) -> None:
+        if kind == "idle":
+            raise InternalError("SELECT 1", {}, psycopg.errors.IdleInTransactionSessionTimeout(
+                "terminating connection due to idle-in-transaction timeout"))
+        raise ProgrammingError("SELECT nope", {}, psycopg.errors.UndefinedColumn("no nope"))
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        idle = client.get("/boom/idle")
+        assert idle.status_code == 503 and idle.json()["detail"][0]["loc"] == ["database"]
+        assert client.get("/boom/other").status_code == 500

@@ -158,6 +158,22 @@ def test_a_config_outside_the_list_is_used_if_it_sets_the_lists_parameters(bench
         "configs; Triton's autotuning decides (shown once per kernel)"]
 
 
+def test_a_served_config_that_fails_to_launch_is_left_to_triton(bench, tmp_path, caplog):
+    jit = l2norm_fwd_kernel.fn
+    broken = KernelConfig(BT=3, num_warps=2, num_stages=3)  # tl.arange: not a power of 2
+    tuner.configure(client=TunerClient("", configs_file=configs_file(
+        tmp_path, entry(config=broken), entry(D_OTHER))))
+    tuner.install(pinned=False)
+    with caplog.at_level(logging.WARNING, logger="tuner.installing"):
+        launch(D_SERVED)  # the output is checked there
+        launch(D_OTHER)
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "triton", key(D_OTHER): "file"}
+    assert bench.calls == len(LISTED) and chosen(D_SERVED) in LISTED
+    assert chosen(D_OTHER) == SERVED and l2norm_fwd_kernel.fn is jit
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "the launch with the served config failed" in warning
+
+
 def test_uninstall_gives_triton_its_autotuner_back(bench, tmp_path):
     from triton.runtime.autotuner import Autotuner
 

@@ -18,8 +18,10 @@ How (Triton has no hook before it benchmarks: ``knobs.autotuning.listener`` is t
 autotuner's ``cache`` (Triton's own dict, keyed by Triton's own key: the autotune key's values
 then every tensor argument's dtype) is replaced by a ``ServedCache``, a dict whose
 ``__contains__`` answers a key it does not hold by one lookup and stores the config found,
-which ``run`` then launches as it launches a cached choice (its ``pre_hook`` included). A
-launch of a key decided costs one dict lookup more than Triton's. The caches of autotuners
+which ``run`` then launches as it launches a cached choice (its ``pre_hook`` included); for
+that one launch ``autotuner.fn`` is wrapped so that a served config that fails to launch is
+launched again as Triton would. A launch of a key decided costs one dict lookup more than
+Triton's. The caches of autotuners
 that exist are replaced at ``install`` (found through ``gc``); ``Autotuner.__init__`` is
 patched at class level so that every one built later gets one. ``uninstall`` restores
 ``__init__`` and plain dicts (keys decided stay decided, as in Triton's own cache).
@@ -111,7 +113,24 @@ class ServedCache(dict[Any, Any]):
         if config is None:
             return False
         dict.__setitem__(self, key, config)
+        if autotuner is not None and source != "pinned":
+            if isinstance(autotuner.fn, _FirstLaunch):  # a served key that never launched
+                autotuner.fn = autotuner.fn.fn
+            autotuner.fn = _FirstLaunch(autotuner, self, key, config)
         return True
+
+    def failed(self, key: Any, exc: BaseException) -> None:
+        """A launch with the config served for ``key`` raised: the key is Triton's again (the
+        list's first config in pinned mode)."""
+        dict.pop(self, key, None)
+        self._warn(f"the launch with the served config failed ({type(exc).__name__}: "
+                   f"{str(exc)[:200]})")
+        autotuner = self._autotuner()
+        if _pinned and autotuner is not None:
+            dict.__setitem__(self, key, autotuner.configs[0])
+            self.sources[key] = "pinned"
+        else:
+            self.sources[key] = "triton"
 
     def identity(self, autotuner: Any) -> tuple[str, str]:
         """(name, version) of the kernel, computed once."""
@@ -173,6 +192,32 @@ class ServedCache(dict[Any, Any]):
             name = kernel_name(autotuner) if autotuner is not None else "a kernel"
             log.warning("%s: %s; Triton's autotuning decides (shown once per kernel)", name,
                         why)
+
+
+class _FirstLaunch:
+    """Stands in for ``autotuner.fn`` (what ``run`` launches with the chosen config) for the
+    first launch after a key was served, and puts it back: a launch with a served config that
+    raises (it does not compile here) is launched again as Triton would, with the key Triton's
+    (the list's first config in pinned mode). Later launches meet ``fn`` itself: the hot path
+    is untouched."""
+
+    def __init__(self, autotuner: Any, cache: ServedCache, key: Any, config: Any) -> None:
+        self.fn, self._autotuner, self._cache = autotuner.fn, autotuner, cache
+        self._key, self._config = key, config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        autotuner = self._autotuner
+        autotuner.fn = self.fn
+        try:
+            return self.fn.run(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - never a failed launch for a served config
+            self._cache.failed(self._key, exc)
+            tuned = self._config.all_kwargs()
+            rest = {k: v for k, v in kwargs.items() if k not in tuned}
+            return type(autotuner).run(autotuner, *args, **rest)
 
 
 def problem_of(autotuner: Any, key: Any) -> tuple[dict[str, int], str] | None:
@@ -263,4 +308,6 @@ def uninstall() -> None:
             cache = getattr(autotuner, "cache", None)
             if isinstance(cache, ServedCache):
                 autotuner.cache = dict(cache)
+            if isinstance(autotuner.fn, _FirstLaunch):
+                autotuner.fn = autotuner.fn.fn
         _hooked.clear()

@@ -85,6 +85,9 @@ def ensure_schema(factory: Any) -> bool:
     with factory() as session:
         if session.scalar(text("SELECT to_regclass('procrastinate_jobs')")) is not None:
             return False
+        # another process creating it holds the lock for a second: wait it out (the
+        # connection's lock_timeout would fail the wait, as for migrations)
+        session.execute(text("SET LOCAL lock_timeout = 0"))
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
         if session.scalar(text("SELECT to_regclass('procrastinate_jobs')")) is not None:
             return False

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+import triton
 from fla.modules.norm.l2norm import l2norm_fwd, l2norm_fwd_kernel
 
 import tuner
@@ -174,6 +175,25 @@ def test_a_served_config_that_fails_to_launch_is_left_to_triton(bench, tmp_path,
     assert "the launch with the served config failed" in warning
 
 
+def test_a_tuner_autotune_kernel_is_looked_up_once_under_its_own_name(bench, tmp_path):
+    """``tuner.autotune`` asked under its name already; its fallback, Triton's autotuner, is not
+    served again under the jit function's qualified name (whose entry the file has)."""
+    from tuner.autotuning import Autotuned
+
+    tuner.configure(client=TunerClient("", configs_file=configs_file(tmp_path, entry())))
+    tuner.install(pinned=False)
+    kernel = Autotuned(l2norm_fwd_kernel.fn, l2norm_fwd_kernel.configs, ["D", "NB"],
+                       "l2norm_own_name", {"do_bench": bench})
+    x = torch.randn(37, D_SERVED)
+    y, rstd = torch.empty_like(x), torch.empty(37)
+    kernel[lambda meta: (triton.cdiv(37, meta["BT"]),)](x, y, rstd, 1e-6, 37, D=D_SERVED,
+                                                         BD=32, NB=1)
+    assert torch.allclose(y, x / x.norm(dim=-1, keepdim=True), atol=1e-5)
+    assert kernel.sources == {("float32", (("D", D_SERVED), ("NB", 1))): "triton"}
+    assert sources(kernel._triton) == {key(D_SERVED): "triton"}
+    assert bench.calls == len(LISTED)
+
+
 def test_uninstall_gives_triton_its_autotuner_back(bench, tmp_path):
     from triton.runtime.autotuner import Autotuner
 
@@ -265,6 +285,7 @@ def test_a_dead_service_costs_the_deadline_once(bench):
 SCRIPT = """
 import json, sys
 import torch
+import triton
 from fla.modules.norm.l2norm import l2norm_fwd, l2norm_fwd_kernel
 from tuner.installing import sources
 l2norm_fwd(torch.randn(37, int(sys.argv[1])))

@@ -202,6 +202,8 @@ class Autotuned:
 
             self._triton = triton.autotune(configs=self.configs, key=self.key,
                                            **self._triton_options)(self.fn)
+            # looked up under this kernel's name already: ``tuner.install`` leaves it to Triton
+            self._triton.tuner_unserved = True
         return self._triton
 
     # -- launching -------------------------------------------------------------------------

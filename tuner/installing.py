@@ -72,13 +72,9 @@ def kernel_name(autotuner: Any) -> str:
 def kernel_version(autotuner: Any) -> str:
     """The kernel's version: the version helper ``tuner.autotune`` uses, over the autotuner (its
     jit function and what that reaches) and its config list."""
-    from tuner import autotuning, user_kernel
+    from tuner.autotuning import _version
 
-    helper = getattr(autotuning, "_version", None)
-    if helper is not None:
-        return str(helper(autotuner, list(autotuner.configs)))
-    legacy = vars(user_kernel)["source_hash"]  # a source hash, before code_version
-    return str(legacy(autotuner, kernel_name(autotuner)))
+    return _version(autotuner, list(autotuner.configs))
 
 
 class ServedCache(dict[Any, Any]):
@@ -142,6 +138,8 @@ class ServedCache(dict[Any, Any]):
         """The listed (or rebuilt) ``triton.Config`` for Triton's ``key`` and its source."""
         from tuner.autotuning import shared_client
 
+        if vars(autotuner).get("tuner_unserved"):  # ``tuner.autotune``'s own fallback
+            return (autotuner.configs[0], "pinned") if _pinned else (None, "triton")
         problem = problem_of(autotuner, key)
         found = None
         if problem is not None:

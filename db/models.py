@@ -41,6 +41,12 @@ WORKER_STATUSES = ("starting", "idle", "busy", "unhealthy", "stopped")
 #: side by side in one process at the end of the search
 MEASURED = ("trial", "retimed")
 
+#: what a stored best is against the kernel's default (its ``default_config``, or the best of
+#: the user's list), both re-timed side by side in one process: ``search``, a config that beat
+#: the default by more than the noise; ``default``, the default itself (nothing beat it beyond
+#: the noise). None: never compared (stored before this was recorded, imported, interrupted)
+BASES = ("search", "default")
+
 #: the WHERE clause of the partial unique index on ``jobs.request_key``: at most one queued or
 #: running job per request key (identical submissions share it; finished jobs do not count)
 ACTIVE_JOB_WHERE = f"status IN ({', '.join(repr(s) for s in ACTIVE)})"
@@ -181,6 +187,14 @@ class Task(Base):
     incumbent_ms: Mapped[float | None] = mapped_column(Float)
     #: what became of the stored best for the task's identity, in words
     best_note: Mapped[str | None] = mapped_column(Text)
+    #: the kernel's default (its ``default_config``, or the best of the user's list) and its
+    #: p50 re-timed beside the finalists
+    default_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    default_ms: Mapped[float | None] = mapped_column(Float)
+    #: what the task wrote into the stored best against the default (``BASES``; None: not
+    #: compared, or nothing written) and the noise margin it was judged by (0.02: 2%)
+    best_basis: Mapped[str | None] = mapped_column(String(20))
+    noise_margin: Mapped[float | None] = mapped_column(Float)
     #: outcome value -> number of trials with it
     outcome_counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
@@ -260,6 +274,13 @@ class BestConfig(Base):
     #: one more at every write: a worker replaces the row only at the revision whose config it
     #: re-timed beside its finalists (``repo.write_best``)
     revision: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    #: the config against the kernel's default (``BASES``: ``default`` = this is the default,
+    #: kept because nothing beat it beyond the noise), the default's and the search's best p50
+    #: re-timed side by side, and the noise margin (relative) the comparison used
+    basis: Mapped[str | None] = mapped_column(String(20))
+    default_ms: Mapped[float | None] = mapped_column(Float)
+    search_ms: Mapped[float | None] = mapped_column(Float)
+    noise_margin: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

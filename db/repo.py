@@ -56,6 +56,7 @@ from sqlalchemy.orm.util import identity_key
 
 from db.models import (
     ACTIVE,
+    BASES,
     MEASURED,
     TERMINAL,
     WORKER_STATUSES,
@@ -554,7 +555,9 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
                              .values(status="succeeded", device_key=device_key,
                                      finished_at=utcnow(), best_ms=best.p50_ms,
                                      best_config=dict(best.config), error=None,
-                                     best_measured=best.measured,
+                                     best_measured=best.measured, best_basis=best.basis,
+                                     default_ms=best.default_ms,
+                                     noise_margin=best.noise_margin,
                                      best_note="answered from the store (tuned before)"))
     _settle_job(session, job.id)
     _reloaded_job(session, job.id)
@@ -816,20 +819,30 @@ def _owned(statement: Any, worker_id: str | None) -> Any:
 def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int], *,
                   worker_id: str | None = None, measured: str = "retimed",
                   baseline_ms: float | None = None, baseline_name: str | None = None,
-                  incumbent_ms: float | None = None, note: str | None = None) -> bool:
+                  incumbent_ms: float | None = None, note: str | None = None,
+                  default_ms: float | None = None,
+                  default_config: Mapping[str, int] | None = None, basis: str | None = None,
+                  noise_margin: float | None = None) -> bool:
     """The task's final best, after the finalists were re-timed side by side (``measured``
     ``retimed``; ``trial`` when they could not be, e.g. an interrupted search), with what was
-    timed beside them in the same process: the baseline (``baseline_name``, e.g. torch) and
-    the stored best (``incumbent_ms``), and ``note``, what became of the stored best. With
-    ``worker_id``, only while the task runs under that worker's lease. False: nothing written
-    (no such task, or the lease is lost)."""
+    timed beside them in the same process: the baseline (``baseline_name``, e.g. torch), the
+    stored best (``incumbent_ms``) and the kernel's default (``default_config``,
+    ``default_ms``), and ``note``, what became of the stored best: its ``basis`` against the
+    default (``BASES``) by ``noise_margin``. With ``worker_id``, only while the task runs under
+    that worker's lease. False: nothing written (no such task, or the lease is lost)."""
     if measured not in MEASURED:
         raise ValueError(f"measured {measured!r}: expected one of {', '.join(MEASURED)}")
+    if basis is not None and basis not in BASES:
+        raise ValueError(f"basis {basis!r}: expected one of {', '.join(BASES)}")
     return _changed_row(session, Task, task_id, _owned(update(Task).where(Task.id == task_id),
                                                        worker_id)
                         .values(best_ms=ms, best_config=dict(config), best_measured=measured,
                                 baseline_ms=baseline_ms, baseline_name=baseline_name,
-                                incumbent_ms=incumbent_ms, best_note=note))
+                                incumbent_ms=incumbent_ms, best_note=note,
+                                default_ms=default_ms,
+                                default_config=None if default_config is None
+                                else dict(default_config),
+                                best_basis=basis, noise_margin=noise_margin))
 
 
 def record_retimed(session: Session, task_id: int,
@@ -954,13 +967,23 @@ class BestTimes:
     tflops: float | None = None
     gbps: float | None = None
     measured: str | None = None
+    #: against the kernel's default (``BestConfig.basis``; None: not compared), with the
+    #: default's and the search's best p50 re-timed beside it and the noise margin used
+    basis: str | None = None
+    default_ms: float | None = None
+    search_ms: float | None = None
+    noise_margin: float | None = None
 
 
 def _best_values(shape: Mapping[str, int], times: BestTimes, torch_version: str | None,
                  cuda_version: str | None, task_id: int | None) -> dict[str, Any]:
+    if times.basis is not None and times.basis not in BASES:
+        raise ValueError(f"basis {times.basis!r}: expected one of {', '.join(BASES)}")
     return dict(shape=dict(shape), config=dict(times.config), p20_ms=times.p20_ms,
                 p50_ms=times.p50_ms, p80_ms=times.p80_ms, tflops=times.tflops, gbps=times.gbps,
-                measured=times.measured, torch_version=torch_version,
+                measured=times.measured, basis=times.basis, default_ms=times.default_ms,
+                search_ms=times.search_ms, noise_margin=times.noise_margin,
+                torch_version=torch_version,
                 cuda_version=cuda_version, task_id=task_id, updated_at=utcnow())
 
 

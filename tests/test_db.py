@@ -67,7 +67,7 @@ def test_migrations_create_every_table_on_an_empty_sqlite_file_in_wal_mode(tmp_p
     assert {"devices", "jobs", "tasks", "trials", "best_configs", "misses", "workers",
             "alembic_version"} <= tables
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0005",)]
+    assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0006",)]
 
 
 def test_sqlite_connections_wait_for_writers_and_enforce_foreign_keys(tmp_path: Path):
@@ -97,7 +97,7 @@ def test_processes_starting_at_once_migrate_an_empty_database_once(any_db_url: s
     upgrade(any_db_url)  # and once more: nothing to do
     engine = make_engine(any_db_url)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0005",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0006",)]
     engine.dispose()
 
 

@@ -1,5 +1,6 @@
 """The search loop on the recorded H200 table (shared/replay), no GPU needed."""
 
+import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 from search_spaces import get_kernel
 from tuner.backends.replay import ReplayBackend, load_table
 from tuner.config import KernelConfig
+from tuner.errors import ReplayTableError
 from tuner.measurement import Outcome
 from tuner.search import SearchOptions, run_search
 
@@ -261,3 +263,27 @@ def test_an_interrupt_in_the_trial_callback_ends_the_search_with_its_best(table,
     with pytest.raises(RuntimeError, match="the database is gone"):
         run_search(k, table.shape, table.dtype, ReplayBackend(table),
                    SearchOptions(trials=20, seed=1, strategy="random"), on_trial=broken)
+
+
+def test_replayed_measurements_carry_the_tables_recorded_spread(tmp_path):
+    """An entry's recorded p20/p80 come back with its p50 from every measurement of it, trial
+    and re-timing alike (the noise a decision sees); an entry without them has none."""
+    config, other = {"BLOCK": 4096}, {"BLOCK": 1024}
+    data = {"format": "replay-v1", "kernel": "vector_add", "device": "NVIDIA H200",
+            "shape": {"N": 4096}, "dtype": "float32", "params": ["BLOCK"],
+            "results": [{"config": config, "ms": 1.0, "p20_ms": 0.99, "p80_ms": 1.01},
+                        {"config": other, "ms": 2.0}]}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(data))
+    backend = ReplayBackend(load_table(path))
+    [trial, flat] = backend.measure([KernelConfig(config), KernelConfig(other)])
+    [again] = backend.retime([KernelConfig(config)], 5)
+    for m in (trial, again):
+        assert (m.p20_ms, m.p50_ms, m.p80_ms) == (0.99, 1.0, 1.01)
+        assert m.noise == pytest.approx(0.02)
+    assert flat.p20_ms == flat.p50_ms == flat.p80_ms == 2.0 and flat.noise == 0.0
+    # a spread that does not bracket its p50 is a malformed table, said so
+    data["results"][0].update(p20_ms=2.0, p80_ms=3.0)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReplayTableError, match="p20_ms 2.0 <= ms 1.0"):
+        load_table(path)

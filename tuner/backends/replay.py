@@ -1,10 +1,17 @@
-"""The replay backend: answers from a recorded ``replay-v1`` table (shared/replay/README.md)."""
+"""The replay backend: answers from a recorded ``replay-v1`` table (shared/replay/README.md).
+
+Noise: an entry may carry its recorded spread, ``"p20_ms"`` and ``"p80_ms"`` beside its
+``"ms"`` (the p50); every measurement of that config (trial and re-timing alike) returns those
+three, so a replayed decision sees the same ``Measurement.noise`` ((p80 - p20) / p50) each
+time: deterministic, like the rest of a replay. An entry without them has no spread (p20 = p50
+= p80).
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,8 @@ class ReplayTable:
     reference_ms: dict[str, float]
     triton_version: str | None = None
     torch_version: str | None = None
+    #: the recorded (p20, p80) of the configs whose entry has them (keyed as ``results``)
+    spread: dict[KernelConfig, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def best_ms(self) -> float:
@@ -54,21 +63,33 @@ def parse_table(data: Any, where: str = "replay table") -> ReplayTable:
                                "(\"format\" must be \"replay-v1\")")
     try:
         results: dict[KernelConfig, float | str] = {}
+        spread: dict[KernelConfig, tuple[float, float]] = {}
         for entry in data["results"]:
             config = KernelConfig({k: int(v) for k, v in entry["config"].items()})
             results[config] = float(entry["ms"]) if "ms" in entry else str(entry["error"])
+            if "ms" in entry and ("p20_ms" in entry or "p80_ms" in entry):
+                spread[config] = _spread(float(entry["p20_ms"]), float(entry["ms"]),
+                                         float(entry["p80_ms"]))
         table = ReplayTable(
             kernel=str(data["kernel"]), device=str(data["device"]),
             shape={k: int(v) for k, v in data["shape"].items()}, dtype=str(data["dtype"]),
             params=tuple(data["params"]), results=results,
             reference_ms={k: float(v) for k, v in data.get("reference_ms", {}).items()},
             triton_version=data.get("triton_version"), torch_version=data.get("torch_version"),
+            spread=spread,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ReplayTableError(f"{where}: malformed entry ({type(exc).__name__}: {exc})") from None
     if not any(isinstance(v, float) for v in results.values()):
         raise ReplayTableError(f"{where}: no config in the table has a time")
     return table
+
+
+def _spread(p20: float, p50: float, p80: float) -> tuple[float, float]:
+    """A recorded (p20, p80), checked to bracket the entry's p50."""
+    if not p20 <= p50 <= p80:
+        raise ValueError(f"p20_ms {p20} <= ms {p50} <= p80_ms {p80} does not hold")
+    return p20, p80
 
 
 def added_params(table: ReplayTable, space: SearchSpace) -> dict[str, int]:
@@ -85,7 +106,8 @@ def with_added_params(table: ReplayTable, space: SearchSpace) -> ReplayTable:
     if not added:
         return table
     results = {KernelConfig({**c, **added}): v for c, v in table.results.items()}
-    return replace(table, params=(*table.params, *added), results=results)
+    spread = {KernelConfig({**c, **added}): v for c, v in table.spread.items()}
+    return replace(table, params=(*table.params, *added), results=results, spread=spread)
 
 
 def _outcome_of(error: str) -> Outcome:
@@ -137,7 +159,9 @@ class ReplayBackend:
                                        "config is not in the replay table")
         if isinstance(value, str):
             return Measurement.failure(config, _outcome_of(value), value)
-        return Measurement(config, Outcome.OK, p20_ms=value, p50_ms=value, p80_ms=value,
+        assert key is not None
+        p20, p80 = self.table.spread.get(key, (value, value))
+        return Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=value, p80_ms=p80,
                            compile_s=0.0, max_error=0.0)
 
     def measure(self, configs: Sequence[KernelConfig],

@@ -543,7 +543,8 @@ def trial_table(task: Task, trials: Sequence[TrialRow], work: Work) -> dict[str,
 def best_summary(task: Task) -> dict[str, Any]:
     """The task's headline: its best time and which measurement it is, the baseline's ratio
     (only from the baseline timed interleaved with the finalists in the same process), the
-    stored best's re-timed time and what became of it."""
+    stored best's re-timed time and what became of it, and the default's re-timed time and
+    whether it is what is served (``vs_default_text``)."""
     measured = {"retimed": "re-timed beside the other finalists",
                 "trial": "its trial timing: not re-timed"}.get(task.best_measured or "",
                                                                "as stored")
@@ -552,7 +553,26 @@ def best_summary(task: Task) -> dict[str, Any]:
             "vs_baseline": ratio, "baseline_name": task.baseline_name,
             "baseline_ms": task.baseline_ms,
             "vs_text": f"{ratio:.2f}x vs {task.baseline_name}" if ratio else None,
-            "incumbent_ms": task.incumbent_ms, "note": task.best_note}
+            "incumbent_ms": task.incumbent_ms, "note": task.best_note,
+            "default_ms": task.default_ms, "basis": task.best_basis,
+            "vs_default_text": vs_default_text(task)}
+
+
+def vs_default_text(task: Task) -> str | None:
+    """The task's best against the kernel's default, both re-timed beside the finalists, and
+    what is served for it (``best_basis``): None without a re-timed default."""
+    if not task.default_ms or not task.best_ms:
+        return None
+    gain = 1 - task.best_ms / task.default_ms
+    text = (f"the search's best is {100 * abs(gain):.1f}% {'faster' if gain >= 0 else 'slower'}"
+            f" than the default ({task.default_ms:.4f} ms)")
+    margin = (f"noise margin {100 * task.noise_margin:.1f}%"
+              if task.noise_margin is not None else "noise margin")
+    if task.best_basis == "default":
+        return f"served: the default; {text}, within the {margin}"
+    if task.best_basis == "search":
+        return f"served: a tuned config; {text} ({margin})"
+    return text
 
 
 def shape_stats(task: Task, trials: Sequence[TrialRow], work: Work,

@@ -24,6 +24,8 @@ _TASK_EXAMPLE = {"id": 1, "shape": _SHAPE, "status": "succeeded", "trials_done":
                  "budget_trials": 48, "best_ms": 0.1763, "best_measured": "retimed",
                  "best_config": _CONFIG, "baseline_ms": 0.1881, "baseline_name": "torch",
                  "vs_baseline": 1.067, "incumbent_ms": None, "best_note": None,
+                 "default_config": {**_CONFIG, "BLOCK_N": 128}, "default_ms": 0.1902,
+                 "best_basis": "search", "noise_margin": 0.012,
                  "outcome_counts": {"ok": 41, "pruned": 5, "out_of_resources": 2},
                  "device": _GPU, "attempts": 1, "error": None}
 _JOB_EXAMPLE = {"id": _JOB_ID, "kernel": "matmul", "kernel_version": "363e2228ce72",
@@ -42,7 +44,9 @@ _TRIAL_EXAMPLE = {"task_id": 1, "number": 7, "config": _CONFIG, "outcome": "ok",
 _CONFIG_EXAMPLE = {"match": "exact", "kernel": "matmul", "dtype": "float16", "shape": _SHAPE,
                    "device": _GPU, "config": _CONFIG, "ms": 0.1763, "tflops": 779.6,
                    "tuned_shape": _SHAPE, "distance": None, "kernel_version": "363e2228ce72",
-                   "triton_version": "3.6.0", "miss": None, "verification": "reference"}
+                   "triton_version": "3.6.0", "miss": None, "verification": "reference",
+                   "basis": "search", "default_ms": 0.1902, "search_ms": 0.1763,
+                   "noise_margin": 0.012}
 _MISS_EXAMPLE = {"id": 1, "kernel": "matmul", "kernel_version": "363e2228ce72",
                  "dtype": "float16", "shape": {"M": 384, "N": 4096, "K": 4096}, "device": _GPU,
                  "count": 3, "first_seen_at": _WHEN, "last_seen_at": "2026-11-23T08:05:00Z",
@@ -136,6 +140,14 @@ class JobCreated(BaseModel):
 
 #: which measurement a time is (``db.models.MEASURED``)
 Measured = Literal["trial", "retimed"]
+#: what a stored best is against the kernel's default (``db.models.BASES``)
+Basis = Literal["search", "default"]
+#: what ``basis`` says, for every field that carries it
+BASIS_DOC = ("the config against the kernel's default (its default config, or the best of "
+             "the user's config list), both re-timed side by side in one process: ``search`` "
+             "(it beat the default by more than the noise margin) or ``default`` (it is the "
+             "default: the search found nothing faster beyond the noise); None: never "
+             "compared (stored before this was recorded, imported, or an interrupted search)")
 
 
 class TaskPublic(BaseModel):
@@ -144,7 +156,9 @@ class TaskPublic(BaseModel):
     (``trial``). ``vs_baseline``: how many times faster than ``baseline_name`` (torch) the best
     is, ONLY from the baseline timed interleaved with the finalists in the same process
     (``baseline_ms``); None otherwise. ``incumbent_ms``: the stored best re-timed beside the
-    finalists; ``best_note``: what became of the stored best."""
+    finalists; ``best_note``: what became of the stored best. ``default_config`` and
+    ``default_ms``: the kernel's default re-timed beside the finalists; ``best_basis``: what
+    the task stored against it, judged by ``noise_margin`` (0.02: 2%)."""
 
     id: int
     shape: dict[str, int]
@@ -159,6 +173,10 @@ class TaskPublic(BaseModel):
     vs_baseline: float | None = None
     incumbent_ms: float | None = None
     best_note: str | None = None
+    default_config: dict[str, int] | None = None
+    default_ms: float | None = None
+    best_basis: Basis | None = Field(default=None, description=BASIS_DOC)
+    noise_margin: float | None = None
     outcome_counts: dict[str, int]
     device: str | None
     attempts: int
@@ -257,7 +275,11 @@ class ConfigPublic(BaseModel):
     ``tuned_shape`` and its log2 ``distance``), ``other-triton`` (the caller's device under
     another Triton minor version), ``other-device`` (another GPU: ``device`` says which),
     ``default`` (the kernel's default config; nothing tuned applies). ``miss``: with
-    ``report_misses``, what became of a lookup that was not ``exact``."""
+    ``report_misses``, what became of a lookup that was not ``exact``. ``basis``: a served
+    stored best against the kernel's default, ``default`` where the default itself was kept
+    because the search found nothing faster beyond the noise; with the default's
+    (``default_ms``) and the search's best (``search_ms``) re-timed p50 and the
+    ``noise_margin`` (0.02: 2%) it was judged by."""
 
     model_config = _examples(_CONFIG_EXAMPLE)
 
@@ -275,6 +297,10 @@ class ConfigPublic(BaseModel):
     triton_version: str | None = None
     miss: MissOutcome | None = None
     verification: str | None = Field(None, description=VERIFICATION_DOC)
+    basis: Basis | None = Field(default=None, description=BASIS_DOC)
+    default_ms: float | None = None
+    search_ms: float | None = None
+    noise_margin: float | None = None
 
 
 class ConfigQueryItem(Strict):

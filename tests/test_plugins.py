@@ -160,8 +160,11 @@ def test_both_examples_tuned_over_http_then_launched_with_the_tuned_config(plugi
         for job_id in jobs.values():
             job = client.wait(job_id, timeout=300, poll=0.5)
             assert job["status"] == "succeeded", job
-        tuned = {name: client.job(job_id)["tasks"][0]["best_config"]
-                 for name, job_id in jobs.items()}
+        tasks = {name: client.job(job_id)["tasks"][0] for name, job_id in jobs.items()}
+        # what is served: the search's best, or the default where that did not beat it
+        # beyond the noise (issue 29)
+        tuned = {name: t["default_config"] if t["best_basis"] == "default" else t["best_config"]
+                 for name, t in tasks.items()}
         tuner.configure(url=base, deadline_s=10, report_misses=False)
         for name, shape in shapes.items():
             got, expected = _launch(name, shape)

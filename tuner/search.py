@@ -7,7 +7,9 @@ finalists. A config only becomes the best once its output was verified against t
 
 Numbers that decide something are re-timed side by side in one process, never taken from one
 trial: the finalists are re-timed interleaved together with the stored best (the incumbent,
-so the worker replaces it only with a config measured faster under the same conditions) and the
+so the worker replaces it only with a config measured faster under the same conditions), the
+kernel's default (its ``default_config``, or the best of the user's list: what runs when nothing
+is stored, which the worker serves unless a config beats it beyond the noise) and the
 kernel's torch baseline; the roofline stop fires only once a re-timing confirmed the trial.
 """
 
@@ -100,6 +102,11 @@ class SearchOptions:
     incumbent: KernelConfig | None = None
     #: time the kernel's ``baseline`` (torch) beside the finalists (``SearchResult.baseline``)
     baseline: bool = True
+    #: the kernel's default config (``default_config``; the worker's): measured (unless a
+    #: trial did) and re-timed beside the finalists (``SearchResult.default``), so that a
+    #: stored best is served instead only when it beats the default under the same conditions.
+    #: With a user's list (``listed``) the default is the list's fastest instead
+    default: KernelConfig | None = None
 
 
 @dataclass
@@ -120,6 +127,12 @@ class SearchResult:
     #: the kernel's baseline (torch) re-timed beside the finalists; None when the kernel has
     #: none, the backend cannot time it (a replay table without one) or re-timing failed
     baseline: Measurement | None = None
+    #: the default (``SearchOptions.default``, or the fastest verified config of the user's
+    #: list) re-timed beside the finalists (``extra["measured"] == "retimed"``; its first
+    #: timing when there was no re-timing; a failure outcome when it does not run or verify);
+    #: None without one (none given, or outside the space or its constraints on this
+    #: problem), without a verified finalist, or when re-timing failed
+    default: Measurement | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -322,13 +335,13 @@ class SearchLoop:
         # resumed trials was not converged when it stopped, and its improvements were judged
         # against its own noise
         self._best_at = len(self.trials)
-        incumbent = baseline = None
+        incumbent = baseline = default = None
         try:
             reason = self._search(started)
             if reason == "cancelled":  # nobody waits for the re-timing (30 s on the CPU)
                 finalists = self._fastest_verified()
             else:
-                finalists, incumbent, baseline = self._retime_finalists()
+                finalists, incumbent, baseline, default = self._retime_finalists()
         except MeasuringStopped:
             reason = "cancelled"
             finalists = self._fastest_verified()
@@ -342,7 +355,7 @@ class SearchLoop:
             trials=self.trials, pruned=self.pruned, stop_reason=reason,
             wall_s=time.monotonic() - started, space_size=self.space.size(),
             feasible_size=len(self._feasible) if self._feasible is not None else -1,
-            finalists=finalists, incumbent=incumbent, baseline=baseline,
+            finalists=finalists, incumbent=incumbent, baseline=baseline, default=default,
         )
 
     def _search(self, started: float) -> str:
@@ -405,35 +418,59 @@ class SearchLoop:
             return self.tried[config]
         return self.backend.measure([config])[0]
 
+    def _default_first(self) -> Measurement | None:
+        """The default's measurement in this search: with a user's list, its fastest verified
+        config's trial (else the default's); else the default's trial, else one taken now (as
+        the incumbent's). None without a default the space allows on this problem."""
+        listed = set(self._listed)
+        ok = sorted((m for m in self.trials if m.ok and m.config in listed),
+                    key=lambda m: m.p50_ms or 0.0)
+        if ok:
+            return ok[0]
+        config = self.options.default
+        if config is None or not self.space.contains(config) or self.space.violation(
+                config, self.ctx) is not None:
+            return None
+        if config in self.tried:
+            return self.tried[config]
+        return self.backend.measure([config])[0]
+
     def _retime_finalists(self) -> tuple[list[Measurement], Measurement | None,
-                                         Measurement | None]:
-        """The finalists re-timed interleaved with the incumbent and the baseline; with them,
-        the incumbent's and the baseline's re-timed measurements."""
+                                         Measurement | None, Measurement | None]:
+        """The finalists re-timed interleaved with the incumbent, the default and the
+        baseline; with them, the incumbent's, the baseline's and the default's re-timed
+        measurements."""
         top = self._fastest_verified()
         if not top:
-            return top, None, None
+            return top, None, None, None
         incumbent = self._incumbent_first()
+        default = self._default_first()
         o = self.options
         configs = [m.config for m in top]
-        if incumbent is not None and incumbent.ok and incumbent.config not in configs:
-            configs.append(incumbent.config)
+        for m in (incumbent, default):
+            if m is not None and m.ok and m.config not in configs:
+                configs.append(m.config)
         if o.retime_rounds <= 0 or (len(configs) <= 1 and not o.baseline):
-            return top, incumbent, None
+            return top, incumbent, None, default
         retimed = self.backend.retime(configs, o.retime_rounds, baseline=o.baseline)
         if [r.config for r in retimed[:len(configs)]] != configs or not all(
                 r.ok for r in retimed[:len(configs)]):  # re-timing failed: first timings
-            return top, incumbent if incumbent is not None and not incumbent.ok else None, None
+            return (top, incumbent if incumbent is not None and not incumbent.ok else None,
+                    None, default if default is not None and not default.ok else None)
         extra = retimed[len(configs):]
         baseline = extra[0] if extra and extra[0].extra.get("baseline") else None
         by_config = {m.config: m for m in top}
         finalists = [replace(r, compile_s=by_config[r.config].compile_s,
                              max_error=by_config[r.config].max_error)
                      for r in retimed[:len(top)]]
-        if incumbent is not None and incumbent.ok:
-            again = retimed[configs.index(incumbent.config)]
-            incumbent = replace(again, compile_s=incumbent.compile_s,
-                                max_error=incumbent.max_error)
-        return finalists, incumbent, baseline
+
+        def again(m: Measurement | None) -> Measurement | None:
+            if m is None or not m.ok:
+                return m
+            return replace(retimed[configs.index(m.config)], compile_s=m.compile_s,
+                           max_error=m.max_error)
+
+        return finalists, again(incumbent), baseline, again(default)
 
 
 def known_good_first(kernel: TunableKernel, shape: Mapping[str, int], dtype: str,

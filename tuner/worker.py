@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -59,6 +59,8 @@ class TaskOutcome:
     status: str
     result: SearchResult | None
     device_key: str | None
+    #: whether the task wrote the stored best: this search's best, or a new one (inserted or
+    #: replacing the stored config: its best, or the kernel's default, ``BestDecision``)
     stored: bool
     error: str | None = None
     #: what became of the stored best for the task's identity, in words (``BestDecision``)
@@ -336,7 +338,7 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                             floor_ms=roof.floor_ms if roof else None,
                             roofline_min_trials=(DEFAULT_STOP_MIN_TRIALS
                                                  if roof and roof.bound == "compute" else 0),
-                            incumbent=incumbent)
+                            incumbent=incumbent, default=kernel.default_config(shape, dtype))
     # the backend stops a measurement in flight when the task must stop (a cancel: within
     # about CANCEL_POLL_S, not after a long compile or the finalists' re-timing)
     interruptible = hasattr(backend, "interrupt")
@@ -395,11 +397,19 @@ def stored_best(session: Session, kernel: TunableKernel, fp: Any, dtype: str,
 class BestDecision:
     """What to write into the stored best after a search (``write``: None leaves the row as
     it is), how (``verdict``: ``inserted``, ``replaced``, ``kept``, ``unconfirmed``) and why,
-    in words (``note``, kept in the task)."""
+    in words (``note``, kept in the task). Against the kernel's default (``against_default``):
+    ``basis`` (``db.models.BASES``: ``search``, the written config beat the default beyond the
+    noise; ``default``, it is the default; None: not compared), the default re-timed beside
+    it (``default``), the noise margin applied (``margin``) and the search's best time
+    compared with it (``search_ms``)."""
 
     write: Measurement | None
     verdict: str
     note: str
+    basis: str | None = None
+    default: Measurement | None = None
+    margin: float | None = None
+    search_ms: float | None = None
 
 
 def _pct(x: float) -> str:
@@ -407,13 +417,22 @@ def _pct(x: float) -> str:
 
 
 def decide_best(best: Measurement, stored: StoredBest | None, incumbent: Measurement | None,
-                margin: float) -> BestDecision:
+                margin: float, default: Measurement | None = None) -> BestDecision:
     """Whether the search's best replaces the stored one, from times taken side by side in
     one process: the best finalist's re-timed p50 against the stored config's (``incumbent``,
     re-timed beside the finalists), never against the stored p50 (taken in another process, at
     another clock). The best replaces it only when faster by ``margin`` (relative); otherwise
     the stored config stays and its row takes its re-timed numbers. A stored config that was
-    not re-timed (the search was interrupted, or re-timing failed) is left as it is."""
+    not re-timed (the search was interrupted, or re-timing failed) is left as it is. Then
+    whatever is written must beat the kernel's ``default`` re-timed beside it, or the default
+    is written instead (``against_default``)."""
+    return against_default(_against_stored(best, stored, incumbent, margin), best, stored,
+                           default)
+
+
+def _against_stored(best: Measurement, stored: StoredBest | None,
+                    incumbent: Measurement | None, margin: float) -> BestDecision:
+    """``decide_best`` between the search's best and the stored best alone."""
     retimed = best.extra.get("measured") == "retimed"
     if stored is None:
         return BestDecision(best, "inserted", "stored this search's best "
@@ -444,19 +463,79 @@ def decide_best(best: Measurement, stored: StoredBest | None, incumbent: Measure
                         f"({_pct(margin)}); its row now holds the re-timed times")
 
 
+def _faster(gain: float) -> str:
+    return f"{_pct(gain)} faster" if gain >= 0 else f"{_pct(-gain)} slower"
+
+
+def against_default(decision: BestDecision, best: Measurement, stored: StoredBest | None,
+                    default: Measurement | None) -> BestDecision:
+    """Never worse than the default: the config ``decision`` writes is stored only when it
+    beats the kernel's default (``default``: its ``default_config``, or the best of the user's
+    list, re-timed beside the finalists in the same process) by more than the noise of the
+    two (``_noise_margin``); else, unless the search's own best does, the default is written,
+    with ``basis`` ``default``. Left as it is (``basis`` None) where nothing is written or
+    the default was not re-timed beside a re-timed best; a default that failed (it no longer
+    runs or verifies) is beaten by any verified config."""
+    won = decision.write
+    if won is None or default is None or best.extra.get("measured") != "retimed":
+        return decision
+    if not default.ok or default.p50_ms is None:
+        return replace(decision, basis="search", default=default, note=(
+            f"{decision.note}; the default failed beside the finalists "
+            f"({default.outcome.value})"))
+    if default.extra.get("measured") != "retimed":
+        return decision
+    default_ms = default.p50_ms
+    if won.config == default.config:
+        return replace(decision, basis="default", default=default, search_ms=best.p50_ms,
+                       margin=_noise_margin(won, default),
+                       note=f"{decision.note}; it is the kernel's default")
+    for candidate in [won] if best.config == won.config else [won, best]:
+        margin = _noise_margin(candidate, default)
+        ms = candidate.p50_ms or math.inf
+        if ms >= default_ms * (1 - margin):
+            continue
+        beats = (f"{_pct(1 - ms / default_ms)} faster than the default ({default_ms:.4f} ms "
+                 f"re-timed beside it; noise margin {_pct(margin)})")
+        if candidate is won:
+            return replace(decision, basis="search", default=default, margin=margin,
+                           search_ms=best.p50_ms, note=f"{decision.note}; {beats}")
+        return BestDecision(best, "replaced", f"replaced the stored best, which is not faster "
+                            f"than the default beyond the noise, with this search's best "
+                            f"({ms:.4f} ms), {beats}", "search", default, margin, best.p50_ms)
+    margin = _noise_margin(best, default)
+    best_ms = best.p50_ms or math.inf
+    verdict = ("inserted" if stored is None else
+               "kept" if stored.config == default.config else "replaced")
+    note = (f"stored the kernel's default: the search found nothing faster than the default "
+            f"beyond noise (its best {best_ms:.4f} ms, {_faster(1 - best_ms / default_ms)} "
+            f"than the default's {default_ms:.4f} ms re-timed beside it; noise margin "
+            f"{_pct(margin)})")
+    if verdict == "replaced":
+        note += f"; it replaced the stored best (stored {stored.p50_ms:.4f} ms)" if stored else ""
+    return BestDecision(default, verdict, note, "default", default, margin, best.p50_ms)
+
+
 def _noise_margin(*measurements: Measurement | None) -> float:
+    """The relative gap that counts as faster: the largest noise ((p80 - p20) / p50) of the
+    measurements compared, at least 1%."""
     return max([0.01, *(m.noise for m in measurements if m is not None)])
 
 
 def _times(kernel: TunableKernel, shape: dict[str, int], dtype: str,
-           m: Measurement) -> repo.BestTimes:
+           m: Measurement, decision: BestDecision | None = None) -> repo.BestTimes:
     p50 = m.p50_ms or 0.0
     seconds = p50 * 1e-3
+    default = decision.default if decision is not None else None
     return repo.BestTimes(
         config=m.config.to_dict(), p20_ms=m.p20_ms or p50, p50_ms=p50, p80_ms=m.p80_ms or p50,
         tflops=kernel.flops(shape) / seconds / 1e12 if seconds else None,
         gbps=kernel.bytes(shape, dtype) / seconds / 1e9 if seconds else None,
-        measured=str(m.extra.get("measured", "trial")))
+        measured=str(m.extra.get("measured", "trial")),
+        basis=decision.basis if decision is not None else None,
+        default_ms=default.p50_ms if default is not None and default.ok else None,
+        search_ms=decision.search_ms if decision is not None else None,
+        noise_margin=decision.margin if decision is not None else None)
 
 
 def _store_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dtype: str, fp: Any,
@@ -469,7 +548,7 @@ def _store_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dtype: 
     if best is None or best.p50_ms is None:
         return False, None
     decision = decide_best(best, stored, result.incumbent,
-                           _noise_margin(best, result.incumbent))
+                           _noise_margin(best, result.incumbent), result.default)
     return run.store("storing the best config",
                      lambda: _write_task_best(run, kernel, shape, dtype, fp, result, stored,
                                               decision))
@@ -483,11 +562,13 @@ def _write_task_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dt
     assert best is not None and best.p50_ms is not None
     with run.factory() as session:
         written = decision.write is not None and _write_best(
-            session, run, kernel, shape, dtype, fp, decision.write, stored)
+            session, run, kernel, shape, dtype, fp, decision, stored)
         note = decision.note if written or decision.write is None else (
             "another worker stored a best for this identity while this search ran: its "
             "config stands (not re-timed here; the next search re-times it)")
         baseline_ok = baseline is not None and baseline.ok and baseline.p50_ms
+        default = result.default if result.default is not None and result.default.ok and (
+            result.default.extra.get("measured") == "retimed") else None
         if not repo.set_task_best(
                 session, run.task_id, best.p50_ms, best.config.to_dict(),
                 worker_id=run.worker_id, measured=str(best.extra.get("measured", "trial")),
@@ -495,21 +576,31 @@ def _write_task_best(run: _Run, kernel: TunableKernel, shape: dict[str, int], dt
                 baseline_name=str(baseline.extra.get("baseline", "baseline"))
                 if baseline_ok and baseline else None,
                 incumbent_ms=incumbent.p50_ms if incumbent is not None and incumbent.ok
-                else None, note=note):
+                else None, note=note,
+                default_ms=default.p50_ms if default is not None else None,
+                default_config=default.config.to_dict() if default is not None else None,
+                basis=decision.basis if written else None,
+                noise_margin=decision.margin if written else None):
             raise repo.LeaseLost(f"task {run.task_id} is no longer leased to worker "
                                  f"{run.worker_id}: its best was not stored")
-        repo.record_retimed(session, run.task_id, [m.to_dict() for m in result.finalists
-                                                   if m.extra.get("measured") == "retimed"])
+        retimed = [m for m in result.finalists if m.extra.get("measured") == "retimed"]
+        if default is not None and default.config not in {m.config for m in retimed}:
+            retimed.append(default)  # the default's trial, if it had one, gets its time too
+        repo.record_retimed(session, run.task_id, [m.to_dict() for m in retimed])
         session.commit()
-    return bool(written and decision.write is best), note
+    # stored: this search's best written, or a new best (its best, or the kernel's default)
+    return bool(written and (decision.write is best
+                             or decision.verdict in ("inserted", "replaced"))), note
 
 
 def _write_best(session: Session, run: _Run, kernel: TunableKernel, shape: dict[str, int],
-                dtype: str, fp: Any, m: Measurement, stored: StoredBest | None) -> bool:
+                dtype: str, fp: Any, decision: BestDecision, stored: StoredBest | None) -> bool:
+    assert decision.write is not None
     _row, written = repo.write_best(
         session, device_key=fp.key, kernel=kernel.name, kernel_version=kernel.version,
         dtype=dtype, shape=shape, triton_version=fp.triton_version or "",
-        times=_times(kernel, shape, dtype, m), revision=stored.revision if stored else None,
+        times=_times(kernel, shape, dtype, decision.write, decision),
+        revision=stored.revision if stored else None,
         torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=run.task_id)
     return written
 

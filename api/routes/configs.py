@@ -24,6 +24,7 @@ from api.errors import QueryError, as_query_error
 from api.schemas import (
     DEVICE_KEY_MAX,
     VERSION_MAX,
+    Basis,
     ConfigPublic,
     ConfigQuery,
     ConfigQueryItem,
@@ -45,6 +46,7 @@ from api.serving import (
 )
 from api.validation import check_dtype, check_shape, kernel_or_error
 from db import repo, views
+from db.models import BASES
 from search_spaces import get_kernel, kernel_names
 from tuner.errors import InvalidRequest
 from tuner.identity import local_triton_version
@@ -109,7 +111,10 @@ def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
                         shape=shape, device=row.device_key, config=row.config, ms=row.p50_ms,
                         tflops=row.tflops, tuned_shape=row.shape, distance=distance,
                         kernel_version=row.kernel_version, triton_version=row.triton_version,
-                        verification=verification_of(kernel))
+                        verification=verification_of(kernel),
+                        basis=cast(Basis | None, row.basis if row.basis in BASES else None),
+                        default_ms=row.default_ms, search_ms=row.search_ms,
+                        noise_margin=row.noise_margin)
 
 
 class Lookup:

@@ -12,6 +12,7 @@ from api.routes.health import DatabaseFileIntact
 from api.routes.kernels import registered_verification
 from api.schemas import (
     INT32_MAX,
+    Basis,
     GpuStatePublic,
     JobCreate,
     JobCreated,
@@ -34,7 +35,7 @@ from api.validation import (
     kernel_or_error,
 )
 from db import repo
-from db.models import MEASURED, Job, Task, Trial
+from db.models import BASES, MEASURED, Job, Task, Trial
 from db.transient import retry_within
 from tuner.errors import InvalidRequest
 from tuner.gpu_state import throttle_reasons
@@ -68,6 +69,10 @@ def task_public(t: Task, budget_trials: int) -> TaskPublic:
                       best_config=t.best_config, baseline_ms=t.baseline_ms,
                       baseline_name=t.baseline_name, vs_baseline=t.vs_baseline,
                       incumbent_ms=t.incumbent_ms, best_note=t.best_note,
+                      default_config=t.default_config, default_ms=t.default_ms,
+                      best_basis=cast(Basis | None, t.best_basis
+                                      if t.best_basis in BASES else None),
+                      noise_margin=t.noise_margin,
                       outcome_counts=t.outcome_counts or {}, device=t.device_key,
                       attempts=t.attempts, error=t.error)
 

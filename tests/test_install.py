@@ -259,6 +259,49 @@ def test_a_config_from_the_service_is_used_and_a_miss_reported_once(service, ben
     assert miss["count"] == 1
 
 
+def stored_best(db_url: str, d: int) -> tuple[KernelConfig, str | None]:
+    """The stored best of ``D=d`` (the only device and version here): config and label."""
+    from db.models import BestConfig
+
+    with init_db(db_url)() as session:
+        [row] = [r for r in session.query(BestConfig).all() if r.shape == {"D": d, "NB": 1}]
+        return KernelConfig(row.config), row.measured
+
+
+def test_what_triton_measured_is_stored_client_measured_below_a_workers_best(service, bench):
+    """A key no store answers is benchmarked by Triton; every config's timings go to the
+    service, stored as the key's best labelled ``client-measured``; a fresh process is served
+    it. A worker's best is never replaced by a client's timings."""
+    from tuner.installing import flush_reports
+
+    url, db_url = service
+    store(db_url, D_SERVED, SERVED)  # a worker's
+    tuner.configure(client=TunerClient(url))
+    tuner.install(pinned=False)
+    launch(D_OTHER)
+    flush_reports()
+    assert bench.calls == len(LISTED)
+    measured = chosen(D_OTHER)
+    identity = {"kernel": NAME, "dtype": "float32", "device": INTERPRETER,
+                "kernel_version": VERSION, "triton_version": local_triton_version()}
+    assert stored_best(db_url, D_OTHER) == (measured, "client-measured")
+    answer = httpx.get(f"{url}/api/v1/configs", params={**identity, "D": D_OTHER, "NB": 1})
+    assert answer.json()["match"] == "exact"
+    assert KernelConfig(answer.json()["config"]) == measured
+    tuner.uninstall()  # a fresh process: nothing decided
+    l2norm_fwd_kernel.cache = {}
+    tuner.configure(client=TunerClient(url))
+    tuner.install(pinned=False)
+    launch(D_OTHER)
+    assert sources(l2norm_fwd_kernel) == {key(D_OTHER): "service"}
+    assert chosen(D_OTHER) == measured and bench.calls == len(LISTED)
+    faster = {"config": LISTED[0].to_dict(), "p20_ms": 1e-6, "p50_ms": 1e-6, "p80_ms": 1e-6}
+    item = {**identity, "shape": {"D": D_SERVED, "NB": 1}, "timings": [faster]}
+    answer = httpx.post(f"{url}/api/v1/configs/measured", json={"items": [item]})
+    assert answer.status_code == 200 and answer.json()["data"][0]["status"] == "kept"
+    assert stored_best(db_url, D_SERVED) == (SERVED, None)
+
+
 def test_a_dead_service_costs_the_deadline_once(bench):
     listener = socket.socket()  # accepts connections (the backlog), never answers
     listener.bind(("127.0.0.1", 0))

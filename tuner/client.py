@@ -306,6 +306,24 @@ class TunerClient:
             return None
         return data
 
+    def report_measured(self, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """Send what Triton's own autotuning measured in this process (``POST
+        /configs/measured``: per item the kernel's identity, the shape and every config's
+        timings), one request under the deadline; the service's answers, or None when it
+        could not be told (one warning)."""
+        if self.base_url is None or time.monotonic() < self._down_until:
+            return None
+        try:
+            response = _with_deadline(lambda: self._http.post(
+                "/api/v1/configs/measured", json={"items": items}), self.timeout)
+            response.raise_for_status()
+            data = response.json()["data"]
+        except (httpx.HTTPError, _DeadlineExceeded, ValueError, KeyError, TypeError) as exc:
+            self._warn(f"tuning service did not take measured timings ({type(exc).__name__}: "
+                       f"{str(exc)[:300]})")
+            return None
+        return data if isinstance(data, list) else None
+
     def _warn(self, why: str) -> None:
         if not self._warned:
             source = "the cache file or defaults" if self.cache_file else "default configs"

@@ -11,7 +11,9 @@ the first launch of each key, uses in order: the exported configs file, the serv
 shared ``TunerClient``: one request under its deadline, misses reported), then Triton's own
 benchmarking over the kernel's list (``Autotuner.run`` as it is). With ``pinned``
 (``TUNER_PINNED=1``) nothing is benchmarked at run time: the store's answer, else the
-kernel's first config, so that every process makes the same choice.
+kernel's first config, so that every process makes the same choice. Where Triton benchmarked,
+every config's timings are sent to the service in the background (``POST /configs/measured``),
+stored as the key's best labelled ``client-measured``, below any worker's.
 
 How (Triton has no hook before it benchmarks: ``knobs.autotuning.listener`` is told after):
 ``Autotuner.run`` asks ``key not in self.cache`` before it benchmarks a key, so each
@@ -41,6 +43,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 _original_init: Any = None
 _pinned = False
 _hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+#: background sends of measured timings (``flush_reports``)
+_reports: list[threading.Thread] = []
 _lock = threading.Lock()
 
 
@@ -89,6 +94,14 @@ class ServedCache(dict[Any, Any]):
         self._identity: tuple[str, str] | None = None
         self._warned = False
 
+    def __setitem__(self, key: Any, config: Any) -> None:
+        """Triton stores its own decision (benchmarked, or its one config left after pruning):
+        what it measured is sent to the service after (``_Measured``)."""
+        dict.__setitem__(self, key, config)
+        autotuner = self._autotuner()
+        if autotuner is not None and not _pinned and not isinstance(autotuner.fn, _Measured):
+            autotuner.fn = _Measured(autotuner, self, key)
+
     def __contains__(self, key: object) -> bool:
         if dict.__contains__(self, key):
             return True
@@ -110,7 +123,7 @@ class ServedCache(dict[Any, Any]):
             return False
         dict.__setitem__(self, key, config)
         if autotuner is not None and source != "pinned":
-            if isinstance(autotuner.fn, _FirstLaunch):  # a served key that never launched
+            if isinstance(autotuner.fn, _FirstLaunch | _Measured):  # one that never launched
                 autotuner.fn = autotuner.fn.fn
             autotuner.fn = _FirstLaunch(autotuner, self, key, config)
         return True
@@ -190,6 +203,66 @@ class ServedCache(dict[Any, Any]):
             name = kernel_name(autotuner) if autotuner is not None else "a kernel"
             log.warning("%s: %s; Triton's autotuning decides (shown once per kernel)", name,
                         why)
+
+
+class _Measured:
+    """Stands in for ``autotuner.fn`` from Triton's decision on a key to the launch that
+    follows it, and puts it back: where Triton benchmarked (``configs_timings`` set anew),
+    every config's timings are sent to the service in the background as a client-measured
+    result (``report_measured``)."""
+
+    def __init__(self, autotuner: Any, cache: ServedCache, key: Any) -> None:
+        self.fn, self._autotuner, self._cache, self._key = autotuner.fn, autotuner, cache, key
+        self._before = vars(autotuner).get("configs_timings")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        autotuner = self._autotuner
+        autotuner.fn = self.fn
+        timings = vars(autotuner).get("configs_timings")
+        if timings and timings is not self._before:
+            thread = threading.Thread(target=_report, args=(autotuner, self._cache, self._key,
+                                                            dict(timings)),
+                                      daemon=True, name="tuner-measured")
+            _reports.append(thread)
+            thread.start()
+        return self.fn.run(*args, **kwargs)
+
+
+def _report(autotuner: Any, cache: ServedCache, key: Any, timings: dict[Any, Any]) -> None:
+    """Send Triton's timings of ``key`` (each config's p50, p20, p80) to the service."""
+    from tuner.autotuning import shared_client
+    from tuner.user_kernel import config_from_triton
+
+    try:
+        client = shared_client()
+        problem = problem_of(autotuner, key)
+        if client.base_url is None or problem is None or client.device is None:
+            return
+        name, version = cache.identity(autotuner)
+        measured = []
+        for config, times in timings.items():
+            p50, p20, p80 = (list(times) * 3)[:3] if isinstance(times, list | tuple) else (
+                [float(times)] * 3)
+            if all(0 < t < float("inf") for t in (p50, p20, p80)):
+                measured.append({"config": config_from_triton(config).to_dict(),
+                                 "p20_ms": p20, "p50_ms": p50, "p80_ms": p80})
+        if measured:
+            client.report_measured([{
+                "kernel": name, "kernel_version": version, "dtype": problem[1],
+                "shape": problem[0], "device": client.device,
+                "triton_version": client.triton_version or "", "timings": measured}])
+    except Exception as exc:  # noqa: BLE001 - a background report never fails a launch
+        cache._warn(f"measured timings not sent ({type(exc).__name__}: {exc})")
+
+
+def flush_reports(timeout_s: float = 10.0) -> None:
+    """Wait for the measured timings being sent (tests, and a process about to exit)."""
+    deadline = time.monotonic() + timeout_s
+    while _reports:
+        _reports.pop().join(max(0.0, deadline - time.monotonic()))
 
 
 class _FirstLaunch:
@@ -306,6 +379,6 @@ def uninstall() -> None:
             cache = getattr(autotuner, "cache", None)
             if isinstance(cache, ServedCache):
                 autotuner.cache = dict(cache)
-            if isinstance(autotuner.fn, _FirstLaunch):
+            if isinstance(autotuner.fn, _FirstLaunch | _Measured):
                 autotuner.fn = autotuner.fn.fn
         _hooked.clear()

@@ -1,0 +1,100 @@
+"""``POST /api/v1/configs/measured``: what Triton's own autotuning measured in a model's process
+(``tuner.install()``: a key no store answered, benchmarked over the kernel's list), stored as
+the key's best labelled ``client-measured`` (``measured``).
+
+Such a result ranks below a worker's: it is stored where the key has no best, or replaces a
+``client-measured`` one it beats; a best a worker stored (verified, re-timed) is kept. It is
+served like any best, its answer's ``measured`` saying ``client-measured``; a worker that
+tunes the key later re-times it as the incumbent."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from api.deps import SessionDep, WriteAccess
+from api.schemas import DEVICE_KEY_MAX, VERSION_MAX
+from api.validation import check_shape, kernel_or_error
+from db import repo
+from db.models import BestConfig
+from tuner.dtypes import check_dtype
+from tuner.shapes import shape_key
+
+#: the ``measured`` label of a best a model's process measured
+CLIENT_MEASURED = "client-measured"
+
+router = APIRouter(prefix="/configs", tags=["configs"])
+
+
+class MeasuredTiming(BaseModel):
+    """One config of the list and what Triton's benchmark gave it (its 20/50/80th
+    percentiles, ms)."""
+
+    config: dict[str, int] = Field(max_length=64)
+    p20_ms: float = Field(gt=0, allow_inf_nan=False)
+    p50_ms: float = Field(gt=0, allow_inf_nan=False)
+    p80_ms: float = Field(gt=0, allow_inf_nan=False)
+
+
+class MeasuredItem(BaseModel):
+    kernel: str = Field(max_length=100)
+    kernel_version: str = Field(min_length=1, max_length=VERSION_MAX)
+    dtype: str = Field(max_length=20)
+    shape: dict[str, int] = Field(max_length=32)
+    device: str = Field(min_length=1, max_length=DEVICE_KEY_MAX)
+    triton_version: str = Field(min_length=1, max_length=VERSION_MAX)
+    timings: list[MeasuredTiming] = Field(min_length=1, max_length=1024)
+
+
+class MeasuredRequest(BaseModel):
+    items: list[MeasuredItem] = Field(min_length=1, max_length=256)
+
+
+class MeasuredAnswer(BaseModel):
+    """``stored``: this item's fastest config is now the key's best; ``kept``: the key's best
+    is a worker's; ``slower``: a faster ``client-measured`` best is stored."""
+
+    status: Literal["stored", "kept", "slower"]
+    config: dict[str, int]
+    p50_ms: float
+
+
+class MeasuredAnswers(BaseModel):
+    data: list[MeasuredAnswer]
+
+
+@router.post("/measured", response_model=MeasuredAnswers, dependencies=[WriteAccess])
+def post_measured(body: MeasuredRequest, session: SessionDep) -> MeasuredAnswers:
+    """Store each item's fastest config as its key's ``client-measured`` best (see the
+    module docstring)."""
+    checked = []
+    for i, item in enumerate(body.items):
+        kernel = kernel_or_error(item.kernel, field=f"items.{i}.kernel")
+        check_dtype(kernel, item.dtype, f"items.{i}.dtype")
+        checked.append((item, check_shape(kernel, item.shape, f"items.{i}.shape")))
+    answers = []
+    status: Literal["stored", "kept", "slower"]
+    for item, shape in checked:
+        best = min(item.timings, key=lambda t: t.p50_ms)
+        stored = session.scalars(select(BestConfig).where(
+            BestConfig.device_key == item.device, BestConfig.kernel == item.kernel,
+            BestConfig.kernel_version == item.kernel_version, BestConfig.dtype == item.dtype,
+            BestConfig.shape_key == shape_key(shape),
+            BestConfig.triton_version == item.triton_version)).first()
+        if stored is not None and stored.measured != CLIENT_MEASURED:
+            status = "kept"
+        else:
+            _, written = repo.store_best(
+                session, device_key=item.device, kernel=item.kernel,
+                kernel_version=item.kernel_version, dtype=item.dtype, shape=shape,
+                triton_version=item.triton_version, config=best.config, p20_ms=best.p20_ms,
+                p50_ms=best.p50_ms, p80_ms=best.p80_ms, tflops=None, gbps=None,
+                torch_version=None, cuda_version=None, task_id=None,
+                measured=CLIENT_MEASURED)
+            status = "stored" if written else "slower"
+        answers.append(MeasuredAnswer(status=status, config=best.config, p50_ms=best.p50_ms))
+    session.commit()
+    return MeasuredAnswers(data=answers)

@@ -16,7 +16,14 @@ and timed runs; the same quantiles) with one change: before each timed run's sta
 stream also runs a spin kernel (``torch.cuda._sleep``) long enough to cover ``fn``'s host
 enqueue time (measured in the estimate: the slowest of five, doubled, plus 50 us), so the host is
 ahead of the GPU when the start event is reached and the events bracket only ``fn``'s kernels.
-The spin costs GPU time between timed runs, never inside them.
+The spin costs GPU time between timed runs, never inside them. With ``flush=False`` (the
+``eager-hot`` timing method, ``tuner/timing.py``) the flush is left out: each run finds the inputs
+in L2 as the run before left them.
+
+``do_bench_graph`` (``cuda-graph``) times what a serving engine's graph replay runs: N launches
+of ``fn`` captured in one CUDA graph (N such that one replay lasts about ``rep`` /
+``GRAPH_REPLAYS``), the graph replayed back to back and each replay timed with CUDA events; a
+sample is a replay's time / N. No flush, no host between the launches.
 """
 
 from __future__ import annotations
@@ -42,21 +49,23 @@ def spin_cycles(host_us: Sequence[float]) -> int:
 
 
 def do_bench(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
-             quantiles: Sequence[float] = (0.2, 0.5, 0.8)) -> list[float]:
+             quantiles: Sequence[float] = (0.2, 0.5, 0.8), flush: bool = True) -> list[float]:
     """``fn``'s GPU time in ms at ``quantiles``: warm-up for ``warmup`` ms, then timed runs
-    for ``rep`` ms, each after an L2 flush and a spin that lets the host get ahead."""
+    for ``rep`` ms, each after an L2 flush (unless not ``flush``) and a spin that lets the host
+    get ahead."""
     import torch
 
     fn()
     torch.cuda.synchronize()
-    cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    cache = torch.empty(FLUSH_BYTES // 4 if flush else 1, dtype=torch.int32, device="cuda")
     host_us: list[float] = []
     gpu_ms: list[float] = []
     flush_ms: list[float] = []
     for _ in range(5):
         start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
-        cache.zero_()
+        if flush:
+            cache.zero_()
         mid.record()
         t0 = time.perf_counter()
         fn()
@@ -77,7 +86,8 @@ def do_bench(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     for i in range(n_repeat):
-        cache.zero_()
+        if flush:
+            cache.zero_()
         torch.cuda._sleep(spin)
         starts[i].record()
         fn()
@@ -85,3 +95,100 @@ def do_bench(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
     torch.cuda.synchronize()
     times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
     return [float(v) for v in torch.quantile(times, torch.tensor(list(quantiles)))]
+
+
+#: timed replays of ``do_bench_graph`` aimed at within ``rep`` (each replay is one sample)
+GRAPH_REPLAYS = 20
+#: the most launches captured in one graph (capturing costs host time per launch)
+GRAPH_MAX_LAUNCHES = 1000
+
+
+def graph_launches(launch_ms: float, rep: float) -> int:
+    """How many launches one graph captures: enough that a replay lasts ``rep`` /
+    ``GRAPH_REPLAYS`` ms at ``launch_ms`` a launch, between 1 and ``GRAPH_MAX_LAUNCHES``."""
+    wanted = rep / GRAPH_REPLAYS / max(launch_ms, 1e-4)
+    return max(1, min(GRAPH_MAX_LAUNCHES, int(wanted)))
+
+
+class GraphCaptureError(RuntimeError):
+    """``fn`` could not be captured in a CUDA graph (it synchronises with the host, or calls
+    what a capture does not allow); the message carries the CUDA error."""
+
+
+def capture_graph(fn: Callable[[], Any], launches: int) -> Any:
+    """A ``torch.cuda.CUDAGraph`` of ``launches`` calls of ``fn`` (called once before on a
+    side stream, as torch asks, so that lazy initialisation happens outside the capture)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                fn()
+    except Exception as exc:
+        raise GraphCaptureError(f"the launch cannot be captured in a CUDA graph: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    return graph
+
+
+def do_bench_graph(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
+                   quantiles: Sequence[float] = (0.2, 0.5, 0.8)) -> list[float]:
+    """``fn``'s time in ms per launch at ``quantiles`` under CUDA graph replay: N launches
+    captured in one graph (``graph_launches``, from an eager estimate), replayed for ``warmup``
+    ms, then replays timed with CUDA events for ``rep`` ms (each a sample: its time / N)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    launches = graph_launches(start.elapsed_time(end) / 5, rep)
+    graph = capture_graph(fn, launches)
+    try:
+        start.record()
+        graph.replay()  # the first replay uploads the graph: not timed
+        end.record()
+        torch.cuda.synchronize()
+        replay_ms = max(start.elapsed_time(end), 1e-3)
+        for _ in range(max(1, int(warmup / replay_ms))):
+            graph.replay()
+        n_repeat = max(1, min(10 * GRAPH_REPLAYS, int(rep / replay_ms)))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        for i in range(n_repeat):
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+    finally:
+        graph.reset()
+    times = torch.tensor([s.elapsed_time(e) / launches
+                          for s, e in zip(starts, ends, strict=True)])
+    return [float(v) for v in torch.quantile(times, torch.tensor(list(quantiles)))]
+
+
+def bench(method: str, fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
+          quantiles: Sequence[float] = (0.2, 0.5, 0.8)) -> list[float]:
+    """``fn``'s time in ms at ``quantiles`` under a timing method (``tuner/timing.py``):
+    ``eager-flushed`` (``do_bench``), ``eager-hot`` (``do_bench`` without the flush) or
+    ``cuda-graph`` (``do_bench_graph``). ValueError for any other."""
+    from tuner.timing import CUDA_GRAPH, EAGER_FLUSHED, EAGER_HOT
+
+    if method == EAGER_FLUSHED:
+        return do_bench(fn, warmup, rep, quantiles)
+    if method == EAGER_HOT:
+        return do_bench(fn, warmup, rep, quantiles, flush=False)
+    if method == CUDA_GRAPH:
+        return do_bench_graph(fn, warmup, rep, quantiles)
+    raise ValueError(f"timing method {method!r}: expected {EAGER_FLUSHED}, {CUDA_GRAPH} or "
+                     f"{EAGER_HOT}")

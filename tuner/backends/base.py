@@ -80,6 +80,9 @@ class TimingOptions:
     settle_window_ms: float = 1000.0
     settle_drop_mhz: float = 15.0
     resettle_idle_s: float = 3.0
+    #: the timing method (``tuner/timing.py``): ``eager-flushed``, ``cuda-graph`` or
+    #: ``eager-hot``; a worker sets each task's own (``ProcessBackend.use_timing``)
+    method: str = "eager-flushed"
 
     @property
     def settles(self) -> bool:
@@ -128,3 +131,14 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def use_timing(backend: object, method: str) -> str:
+    """Have ``backend`` time with ``method`` (``tuner/timing.py``) from now on; the method it
+    will actually time with (a replay table's own). A backend that cannot time with it raises
+    InvalidRequest (the interpreter and ``cuda-graph``); one without the notion (a test's
+    fake) times ``eager-flushed``."""
+    from tuner.timing import DEFAULT_TIMING
+
+    setter = getattr(backend, "use_timing", None)
+    return str(setter(method)) if callable(setter) else DEFAULT_TIMING

@@ -15,7 +15,9 @@ child -> parent: ("ready", fingerprint) | ("ok",) | ("compiled", seconds)
                  | ("calibration", {...})
 
 Every timing follows the protocol of ``tuner/gpu_state.py`` (settled sustained state) and
-carries the GPU's state (``extra["gpu"]``) on a GPU.
+carries the GPU's state (``extra["gpu"]``) on a GPU, and is taken with its options' timing method
+(``tuner/timing.py``: ``eager-flushed``, ``cuda-graph``, ``eager-hot``), which it names
+(``extra["timing"]``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from tuner.gpu_state import (
 )
 from tuner.launching import output_tensor
 from tuner.measurement import Measurement, Outcome
+from tuner.timing import CUDA_GRAPH, DEFAULT_TIMING, interpreter_refusal
 
 #: CUDA errors after which the context is unusable: the child must be replaced.
 STICKY_CUDA_ERRORS = (
@@ -158,26 +161,39 @@ def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],
     return _time_fn(state, lambda: state.kernel.launch(config, inputs), timing, best_ms)
 
 
+def timing_method(timing: Any) -> str:
+    """The timing method ``timing`` asks for (``tuner/timing.py``; older options: the
+    default)."""
+    return str(getattr(timing, "method", None) or DEFAULT_TIMING)
+
+
 def _time_fn(state: ChildState, fn: Callable[[], Any], timing: Any,
              best_ms: float | None = None) -> tuple[float, float, float, bool]:
     """``_time`` of any callable (a config's launch, the kernel's baseline)."""
+    method = timing_method(timing)
     if state.kind == "cuda":
-        from tuner.gpu_timer import do_bench
+        from tuner.gpu_timer import bench
 
-        # do_bench flushes L2 (writes a 256 MB buffer) before every timed run, so timings are
-        # cold-cache even for problems that fit in L2; rotating input buffers is not needed.
-        # It also lets the host get ahead before each run (tuner/gpu_timer.py), so that a
-        # config of several small launches is timed on the GPU, not on the Python host.
+        # eager-flushed (the default): do_bench flushes L2 (writes a 256 MB buffer) before
+        # every timed run, so timings are cold-cache even for problems that fit in L2;
+        # rotating input buffers is not needed. It also lets the host get ahead before each
+        # run (tuner/gpu_timer.py), so that a config of several small launches is timed on the
+        # GPU, not on the Python host. eager-hot: the same without the flush; cuda-graph:
+        # launches captured in a CUDA graph, replayed (tuner/timing.py).
         quick_rep = float(getattr(timing, "quick_rep_ms", 0.0) or 0.0)
         if quick_rep > 0 and best_ms is not None and quick_rep < timing.rep_ms:
-            q = do_bench(fn, warmup=max(quick_rep / 5, 0.5), rep=quick_rep)
+            q = bench(method, fn, warmup=max(quick_rep / 5, 0.5), rep=quick_rep)
             if float(q[1]) > getattr(timing, "quick_factor", 2.0) * best_ms:
                 return float(q[0]), float(q[1]), float(q[2]), True
         idle_s = time.monotonic() - state.last_busy if state.last_busy else None
-        q = do_bench(fn, warmup=_full_warmup_ms(timing, idle_s), rep=timing.rep_ms)
+        q = bench(method, fn, warmup=_full_warmup_ms(timing, idle_s), rep=timing.rep_ms)
         return float(q[0]), float(q[1]), float(q[2]), False
     # The interpreter's wall time says nothing about a GPU; it is recorded only so that the
-    # whole pipeline runs. Results from it are stored under the interpreter's own device key.
+    # whole pipeline runs. Results from it are stored under the interpreter's own device key,
+    # as timed with the eager method asked for; it cannot replay CUDA graphs.
+    refusal = interpreter_refusal(method)
+    if refusal is not None:
+        raise RuntimeError(refusal)
     samples = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -292,6 +308,7 @@ def measure_one(state: ChildState, config: KernelConfig, timing: Any,
         return Measurement(config, Outcome.CRASH, error=f"timer returned {p20, p50, p80}",
                            compile_s=compile_s), False
     extra["measured"] = "trial"
+    extra["timing"] = timing_method(timing)
     if quick:
         extra["quick"] = True
     return Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
@@ -309,15 +326,21 @@ def _failure(config: KernelConfig, exc: BaseException, compile_s: float | None =
 BASELINE_LABEL = "torch"
 
 
-def _baseline_fn(state: ChildState, inputs: dict[str, Any]) -> Callable[[], Any] | None:
+def _baseline_fn(state: ChildState, inputs: dict[str, Any],
+                 timing: Any = None) -> Callable[[], Any] | None:
     """The kernel's ``baseline(inputs)`` hook as a callable, if it has one that runs here (it
-    is tried once: a baseline that fails is left out rather than failing the re-timing)."""
+    is tried once, and with ``cuda-graph`` timing captured once: a baseline that fails is left
+    out rather than failing the re-timing)."""
     hook = getattr(state.kernel, "baseline", None)
     if not callable(hook):
         return None
     try:
         hook(inputs)
         state.sync()
+        if state.kind == "cuda" and timing_method(timing) == CUDA_GRAPH:
+            from tuner.gpu_timer import capture_graph
+
+            capture_graph(lambda: hook(inputs), 1).reset()  # one it cannot capture: left out
     except Exception as exc:  # noqa: BLE001 - no baseline, the finalists are still re-timed
         if is_sticky(str(exc)):
             raise
@@ -334,7 +357,7 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
     entries: list[tuple[KernelConfig, Callable[[], Any], dict[str, Any]]] = [
         (c, partial(state.kernel.launch, c, inputs), {}) for c in configs]
-    base = _baseline_fn(state, inputs) if baseline else None
+    base = _baseline_fn(state, inputs, timing) if baseline else None
     if base is not None:
         entries.append((KernelConfig({}), base, {"baseline": BASELINE_LABEL}))
     settled = None
@@ -357,7 +380,8 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     state.last_busy = time.monotonic()
     out = []
     for (config, _fn, extra), values, samples in zip(entries, medians, gpu, strict=True):
-        extra = {**extra, "measured": "retimed", "rounds": len(values)}
+        extra = {**extra, "measured": "retimed", "rounds": len(values),
+                 "timing": timing_method(timing)}
         if samples:
             extra["gpu"] = merge_samples(samples)
         if settled is not None:

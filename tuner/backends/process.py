@@ -26,9 +26,10 @@ from tuner.backends.child import CALIBRATION_RUNS, child_main, is_sticky
 from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
-from tuner.errors import MeasuringStopped, WorkerDied
+from tuner.errors import InvalidRequest, MeasuringStopped, WorkerDied
 from tuner.measurement import Measurement, Outcome
 from tuner.space import SearchSpace
+from tuner.timing import check_timing, interpreter_refusal
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,25 @@ class ProcessBackend:
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
         return space
+
+    @property
+    def timing_method(self) -> str:
+        """The timing method of every timing from now on (``tuner/timing.py``)."""
+        return self.timing.method
+
+    def use_timing(self, method: str) -> str:
+        """Time with ``method`` from now on (a worker's next task may ask for another) and
+        return it. When it changes, the quick timing's bar (``best_ms``) is dropped: times of
+        two methods do not compare. InvalidRequest (naming ``timing``) for an unknown method,
+        and for ``cuda-graph`` on the interpreter, which cannot replay CUDA graphs."""
+        check_timing(method)
+        refusal = interpreter_refusal(method) if self.kind != "cuda" else None
+        if refusal is not None:
+            raise InvalidRequest(f"{refusal}; run it on a GPU worker", field="timing")
+        if method != self.timing.method:
+            self.timing = replace(self.timing, method=method)
+            self.best_ms = None
+        return method
 
     def targets(self, kernel_ref: str, shape: dict[str, int], dtype: str, seed: int) -> bool:
         """Whether this backend is set up for exactly this problem."""

@@ -21,10 +21,15 @@ from tuner.device import DeviceFingerprint, replay_fingerprint
 from tuner.errors import ReplayTableError
 from tuner.measurement import Measurement, Outcome
 from tuner.space import SearchSpace
+from tuner.timing import DEFAULT_TIMING, TIMING_METHODS, check_timing
 
 
 @dataclass(frozen=True)
 class ReplayTable:
+    """A recorded table. It may say how it was timed (``"timing_method"``: ``eager-flushed``,
+    the default, ``cuda-graph`` or ``eager-hot``; ``tuner/timing.py``): a replayed task's
+    results are stored as timed that way, whatever the task asked for."""
+
     kernel: str
     device: str
     shape: dict[str, int]
@@ -34,6 +39,8 @@ class ReplayTable:
     reference_ms: dict[str, float]
     triton_version: str | None = None
     torch_version: str | None = None
+    #: the timing method the table was recorded with (``tuner/timing.py``)
+    timing: str = DEFAULT_TIMING
     #: the recorded (p20, p80) of the configs whose entry has them (keyed as ``results``)
     spread: dict[KernelConfig, tuple[float, float]] = field(default_factory=dict)
 
@@ -82,7 +89,12 @@ def parse_table(data: Any, where: str = "replay table") -> ReplayTable:
         raise ReplayTableError(f"{where}: malformed entry ({type(exc).__name__}: {exc})") from None
     if not any(isinstance(v, float) for v in results.values()):
         raise ReplayTableError(f"{where}: no config in the table has a time")
-    return table
+    # ("timing" is the recording's description in words)
+    timing = data.get("timing_method", DEFAULT_TIMING)
+    if timing not in TIMING_METHODS:
+        raise ReplayTableError(f"{where}: \"timing_method\" {timing!r} is not a timing method "
+                               f"({', '.join(TIMING_METHODS)})")
+    return replace(table, timing=timing)
 
 
 def _spread(p20: float, p50: float, p80: float) -> tuple[float, float]:
@@ -129,6 +141,17 @@ class ReplayBackend:
     @property
     def healthy(self) -> bool:
         return True
+
+    @property
+    def timing_method(self) -> str:
+        """The method the table was timed with: what every answer of it was timed with."""
+        return self.table.timing
+
+    def use_timing(self, method: str) -> str:
+        """A table answers with the times it recorded, whatever a task asks for: its own
+        method (``timing_method``), what the results are stored as."""
+        check_timing(method)
+        return self.table.timing
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
         """The space limited to the table's configs. A parameter the kernel gained after the
@@ -185,9 +208,8 @@ class ReplayBackend:
                                                      "measured": "retimed"}))
         return out
 
-    @staticmethod
-    def _marked(m: Measurement, measured: str) -> Measurement:
-        return replace(m, extra={**m.extra, "measured": measured})
+    def _marked(self, m: Measurement, measured: str) -> Measurement:
+        return replace(m, extra={**m.extra, "measured": measured, "timing": self.table.timing})
 
     def close(self) -> None:
         pass

@@ -100,6 +100,13 @@ class Budget(Strict):
 
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+#: how a time was taken (``tuner/timing.py``: ``TIMING_METHODS``)
+Timing = Literal["eager-flushed", "cuda-graph", "eager-hot"]
+#: what every ``timing`` field says
+TIMING_DOC = ("how the configs are timed: ``eager-flushed`` (eager launches, the L2 cache "
+              "flushed before each: the default), ``cuda-graph`` (launches captured in a CUDA "
+              "graph and replayed, as serving engines run decode-time kernels; no flush) or "
+              "``eager-hot`` (eager launches back to back, no flush)")
 #: the longest device key the database stores (``devices.key``)
 DEVICE_KEY_MAX = 200
 
@@ -120,6 +127,8 @@ class JobCreate(Strict):
                                description="target device key (GET /devices); default: any "
                                            "worker")
     backend: Literal["auto", "cuda", "interpret"] = "auto"
+    timing: Timing = Field("eager-flushed", description=TIMING_DOC + "; ``cuda-graph`` needs a "
+                           "GPU worker (the CPU interpreter cannot replay CUDA graphs)")
 
 
 class JobCreated(BaseModel):
@@ -181,6 +190,8 @@ class TaskPublic(BaseModel):
     device: str | None
     attempts: int
     error: str | None
+    timing: Timing | None = Field(None, description="how its trials were timed (its job's "
+                                  "method; a replay table's own); None until it runs")
 
 
 class JobPublic(BaseModel):
@@ -204,6 +215,7 @@ class JobPublic(BaseModel):
                                 "worker has its device (said once it waited a lease length)")
     verification: str | None = Field(None, description=VERIFICATION_DOC + "; None when the "
                                      "job's kernel is not registered here")
+    timing: Timing = Field("eager-flushed", description=TIMING_DOC)
     tasks: list[TaskPublic]
 
 

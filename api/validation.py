@@ -25,6 +25,7 @@ from tuner.errors import InvalidRequest, InvalidShape
 from tuner.kernel import TunableKernel
 from tuner.shapes import validate_shape
 from tuner.strategies import strategy_names
+from tuner.timing import interpreter_refusal
 
 #: the device key of the CPU interpreter (tuner.device.DeviceFingerprint.key)
 INTERPRETER_KEY = "interpret:cpu"
@@ -46,6 +47,16 @@ def check_job_interpreter_dtype(kernel: TunableKernel, dtype: str,
     if only_interpreter:
         check_interpreter_dtype(kernel, dtype, where=", the only backend that can run this job "
                                 "here", advice="target a GPU or use another dtype")
+
+
+def check_job_interpreter_timing(timing: str, only_interpreter: bool) -> None:
+    """A job only the CPU interpreter can run cannot be timed in a way it cannot time
+    (``cuda-graph``: it cannot replay CUDA graphs); refused now rather than failed on the
+    worker."""
+    refusal = interpreter_refusal(timing) if only_interpreter else None
+    if refusal is not None:
+        raise InvalidRequest(f"{refusal}, and it is the only backend that can run this job "
+                             "here: target a GPU device", field="timing")
 
 
 def check_shape(kernel: TunableKernel, shape: Mapping[str, Any], field: str) -> dict[str, int]:

@@ -33,6 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # home in tuner.lifecycle; imported here for the modules that read it from the models
 from tuner.lifecycle import ACTIVE as ACTIVE
 from tuner.lifecycle import TERMINAL as TERMINAL
+from tuner.timing import DEFAULT_TIMING
 
 #: what a worker is doing (``workers.status``)
 WORKER_STATUSES = ("starting", "idle", "busy", "unhealthy", "stopped")
@@ -140,6 +141,9 @@ class Job(Base):
     budget_seconds: Mapped[float | None] = mapped_column(Float)
     force: Mapped[bool] = mapped_column(Boolean, default=False)
     seed: Mapped[int] = mapped_column(Integer, default=0)
+    #: how its configs are to be timed (``tuner/timing.py``: ``TIMING_METHODS``)
+    timing: Mapped[str] = mapped_column(String(20), default=DEFAULT_TIMING,
+                                        server_default=text(f"'{DEFAULT_TIMING}'"))
     #: sha256 of what makes two submissions the same (``repo.request_key``)
     request_key: Mapped[str] = mapped_column(String(64), index=True)
     error: Mapped[str | None] = mapped_column(Text)
@@ -171,6 +175,9 @@ class Task(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: the device that ran it
     device_key: Mapped[str | None] = mapped_column(String(200))
+    #: how its trials were timed, set when it runs: its job's ``timing``, or a replay table's
+    #: own (None: not run yet, or run before this was recorded)
+    timing: Mapped[str | None] = mapped_column(String(20))
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     #: the best config's time: a trial's p50 while the search runs, its re-timed p50 once the
     #: finalists were re-timed side by side (``best_measured`` says which)
@@ -248,7 +255,8 @@ class BestConfig(Base):
 
     __tablename__ = "best_configs"
     __table_args__ = (UniqueConstraint("device_key", "kernel", "kernel_version", "dtype",
-                                       "shape_key", "triton_version", name="uq_best_key"),
+                                       "shape_key", "triton_version", "timing",
+                                       name="uq_best_key"),
                       # the serving path reads every best of one kernel version and dtype
                       Index("ix_best_configs_serving", "kernel", "kernel_version", "dtype"))
 
@@ -260,6 +268,10 @@ class BestConfig(Base):
     shape_key: Mapped[str] = mapped_column(String(200))
     shape: Mapped[dict[str, Any]] = mapped_column(JSON)
     triton_version: Mapped[str] = mapped_column(String(40))
+    #: how its times were taken (``tuner/timing.py``), part of its identity: bests of one
+    #: shape timed ``eager-flushed`` and ``cuda-graph`` are two rows
+    timing: Mapped[str] = mapped_column(String(20), default=DEFAULT_TIMING,
+                                        server_default=text(f"'{DEFAULT_TIMING}'"))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     p20_ms: Mapped[float] = mapped_column(Float)
     p50_ms: Mapped[float] = mapped_column(Float)
@@ -297,7 +309,7 @@ class Miss(Base):
 
     __tablename__ = "misses"
     __table_args__ = (UniqueConstraint("device_key", "kernel", "kernel_version", "dtype",
-                                       "shape_key", name="uq_miss_key"),)
+                                       "shape_key", "timing", name="uq_miss_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     device_key: Mapped[str] = mapped_column(String(200))
@@ -306,6 +318,9 @@ class Miss(Base):
     dtype: Mapped[str] = mapped_column(String(20))
     shape_key: Mapped[str] = mapped_column(String(200))
     shape: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: the timing method the lookup asked for (its job tunes with it)
+    timing: Mapped[str] = mapped_column(String(20), default=DEFAULT_TIMING,
+                                        server_default=text(f"'{DEFAULT_TIMING}'"))
     #: times reported
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

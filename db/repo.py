@@ -72,6 +72,7 @@ from db.models import (
 from tuner.config import config_key
 from tuner.identity import same_triton_minor
 from tuner.shapes import log_distance, log_shape, shape_distance, shape_key
+from tuner.timing import DEFAULT_TIMING, TIMING_METHODS, check_timing
 
 #: how many claim candidates SQLite tries per query (several workers may race for the first)
 _SQLITE_CLAIM_CANDIDATES = 8
@@ -308,12 +309,16 @@ def waiting_note(session: Session, job: Job, *, now: datetime | None = None, aft
 def request_key(*, kernel: str, kernel_version: str, dtype: str,
                 shapes: Sequence[Mapping[str, int]], budget_trials: int,
                 budget_seconds: float | None, strategy: str, backend: str,
-                device_key: str | None) -> str:
+                device_key: str | None, timing: str = DEFAULT_TIMING) -> str:
     """sha256 (hex) of what makes two submissions the same; shape order does not matter.
-    ``seed`` and ``force`` are left out: a resubmission differing only in them is a duplicate."""
-    payload = json.dumps([kernel, kernel_version, dtype, sorted(shape_key(s) for s in shapes),
-                          budget_trials, budget_seconds, strategy, backend, device_key])
-    return hashlib.sha256(payload.encode()).hexdigest()
+    ``seed`` and ``force`` are left out: a resubmission differing only in them is a duplicate.
+    ``timing`` counts only when it is not the default (the keys of jobs submitted before it
+    existed stay what they were)."""
+    fields: list[Any] = [kernel, kernel_version, dtype, sorted(shape_key(s) for s in shapes),
+                         budget_trials, budget_seconds, strategy, backend, device_key]
+    if timing != DEFAULT_TIMING:
+        fields.append(timing)
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
 
 def unshared_request_key(request_key: str, job_id: str) -> str:
@@ -325,22 +330,24 @@ def unshared_request_key(request_key: str, job_id: str) -> str:
 
 def _job_key(kernel: str, kernel_version: str, dtype: str, shapes: Sequence[Mapping[str, int]],
              budget_trials: int, budget_seconds: float | None, strategy: str, backend: str,
-             device_key: str | None, **_: Any) -> str:
+             device_key: str | None, timing: str = DEFAULT_TIMING, **_: Any) -> str:
     return request_key(kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
                        budget_trials=budget_trials, budget_seconds=budget_seconds,
-                       strategy=strategy, backend=backend, device_key=device_key)
+                       strategy=strategy, backend=backend, device_key=device_key,
+                       timing=timing)
 
 
 def _insert_job(session: Session, key: str, kernel: str, kernel_version: str, dtype: str,
                 shapes: Sequence[Mapping[str, int]], budget_trials: int,
                 budget_seconds: float | None, strategy: str, force: bool, seed: int,
-                backend: str, device_key: str | None, job_id: str | None = None) -> Job:
+                backend: str, device_key: str | None, timing: str = DEFAULT_TIMING,
+                job_id: str | None = None) -> Job:
     """Insert a queued job and its tasks in a SAVEPOINT (IntegrityError when the partial
     unique index already has an active job with ``key``; the transaction goes on)."""
     job = Job(id=job_id or uuid.uuid4().hex, kernel=kernel, kernel_version=kernel_version,
               dtype=dtype, status="queued", device_key=device_key, backend=backend,
               strategy=strategy, budget_trials=budget_trials, budget_seconds=budget_seconds,
-              force=force, seed=seed, request_key=key)
+              force=force, seed=seed, timing=check_timing(timing), request_key=key)
     job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status="queued",
                       outcome_counts={}) for s in shapes]
     _write_transaction(session)
@@ -352,15 +359,16 @@ def _insert_job(session: Session, key: str, kernel: str, kernel_version: str, dt
 def create_job(session: Session, *, kernel: str, kernel_version: str, dtype: str,
                shapes: Sequence[Mapping[str, int]], budget_trials: int,
                budget_seconds: float | None, strategy: str, force: bool, seed: int,
-               backend: str, device_key: str | None) -> Job:
+               backend: str, device_key: str | None, timing: str = DEFAULT_TIMING) -> Job:
     """A new queued job with one queued task per shape (in the given order), flushed, even
     when an identical job is active (the CLI runs its own; see ``submit_job`` to share one).
     It gets the submission's request key unless an identical job is active, else
-    ``unshared_request_key``: identical submissions are deduplicated to the older job."""
+    ``unshared_request_key``: identical submissions are deduplicated to the older job.
+    ``timing``: how its configs are timed (``tuner/timing.py``; ValueError for another)."""
     fields: dict[str, Any] = dict(
         kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
         budget_trials=budget_trials, budget_seconds=budget_seconds, strategy=strategy,
-        force=force, seed=seed, backend=backend, device_key=device_key)
+        force=force, seed=seed, backend=backend, device_key=device_key, timing=timing)
     key = _job_key(**fields)
     try:
         return _insert_job(session, key, **fields)
@@ -372,7 +380,8 @@ def create_job(session: Session, *, kernel: str, kernel_version: str, dtype: str
 def submit_job(session: Session, *, kernel: str, kernel_version: str, dtype: str,
                shapes: Sequence[Mapping[str, int]], budget_trials: int,
                budget_seconds: float | None, strategy: str, force: bool, seed: int,
-               backend: str, device_key: str | None) -> tuple[Job, bool]:
+               backend: str, device_key: str | None,
+               timing: str = DEFAULT_TIMING) -> tuple[Job, bool]:
     """The queued or running job identical to this submission (``request_key``) and False, or
     a new one as ``create_job`` makes it and True. Safe when identical submissions race: the
     database allows one active job per request key, the insert runs in a SAVEPOINT, and the
@@ -380,7 +389,7 @@ def submit_job(session: Session, *, kernel: str, kernel_version: str, dtype: str
     fields: dict[str, Any] = dict(
         kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
         budget_trials=budget_trials, budget_seconds=budget_seconds, strategy=strategy,
-        force=force, seed=seed, backend=backend, device_key=device_key)
+        force=force, seed=seed, backend=backend, device_key=device_key, timing=timing)
     key = _job_key(**fields)
     for attempt in range(_SUBMIT_ATTEMPTS):
         if (existing := find_active_duplicate(session, key)) is not None:
@@ -539,21 +548,23 @@ def _settle_job(session: Session, job_id: str) -> None:
 
 def answer_tuned_tasks(session: Session, job: Job) -> int:
     """Mark the job's queued tasks whose shape is already tuned on the target device (the
-    job's, or the only GPU this service knows) as succeeded from the store. Returns how many;
-    the job is succeeded when that covers every shape."""
+    job's, or the only GPU this service knows) with the job's timing method as succeeded from
+    the store. Returns how many; the job is succeeded when that covers every shape."""
     device_key = job.device_key or single_gpu_device_key(session)
     if device_key is None:
         return 0
     answered = 0
     for task in job.tasks:
         best = get_best(session, device_key=device_key, kernel=job.kernel, dtype=job.dtype,
-                        shape_key=task.shape_key, kernel_version=job.kernel_version)
+                        shape_key=task.shape_key, kernel_version=job.kernel_version,
+                        timing=job.timing)
         if best is None:
             continue
         answered += _changed(session, update(Task).where(Task.id == task.id,
                                                          Task.status == "queued")
                              .values(status="succeeded", device_key=device_key,
-                                     finished_at=utcnow(), best_ms=best.p50_ms,
+                                     timing=best.timing, finished_at=utcnow(),
+                                     best_ms=best.p50_ms,
                                      best_config=dict(best.config), error=None,
                                      best_measured=best.measured, best_basis=best.basis,
                                      default_ms=best.default_ms,
@@ -672,9 +683,14 @@ def start_task_locally(session: Session, task_id: int, worker_id: str) -> Task:
     return task
 
 
-def set_task_device(session: Session, task_id: int, device_key: str) -> None:
-    """Record the device that runs the task."""
-    get_task(session, task_id).device_key = device_key
+def set_task_device(session: Session, task_id: int, device_key: str,
+                    timing: str | None = None) -> None:
+    """Record the device that runs the task (and, given, the timing method its trials are
+    timed with)."""
+    task = get_task(session, task_id)
+    task.device_key = device_key
+    if timing is not None:
+        task.timing = check_timing(timing)
 
 
 def renew_lease(session: Session, task_id: int, worker_id: str, lease_seconds: float) -> bool:
@@ -759,6 +775,7 @@ def keep_best_of_given_up(session: Session, task_id: int) -> bool:
     _row, written = write_best(
         session, device_key=device.key, kernel=job.kernel, kernel_version=job.kernel_version,
         dtype=job.dtype, shape=task.shape, triton_version=device.triton_version or "",
+        timing=task.timing or job.timing,
         times=BestTimes(fastest.config, fastest.p20_ms or p50, p50, fastest.p80_ms or p50,
                         measured="trial"),
         revision=None, torch_version=device.torch_version, cuda_version=device.cuda_version,
@@ -946,9 +963,10 @@ def trials_for_task(session: Session, task_id: int) -> list[Trial]:
 # -- best configs -----------------------------------------------------------------------------
 
 def _best_key(device_key: str, kernel: str, kernel_version: str, dtype: str, shape_key: str,
-              triton_version: str) -> dict[str, str]:
+              triton_version: str, timing: str) -> dict[str, str]:
     return dict(device_key=device_key, kernel=kernel, kernel_version=kernel_version,
-                dtype=dtype, shape_key=shape_key, triton_version=triton_version)
+                dtype=dtype, shape_key=shape_key, triton_version=triton_version,
+                timing=check_timing(timing))
 
 
 def _matching(model: type[Any], values: Mapping[str, Any]) -> list[ColumnElement[bool]]:
@@ -990,15 +1008,17 @@ def _best_values(shape: Mapping[str, int], times: BestTimes, torch_version: str 
 def write_best(session: Session, *, device_key: str, kernel: str, kernel_version: str,
                dtype: str, shape: Mapping[str, int], triton_version: str, times: BestTimes,
                revision: int | None, torch_version: str | None, cuda_version: str | None,
-               task_id: int | None) -> tuple[BestConfig, bool]:
+               task_id: int | None, timing: str = DEFAULT_TIMING) -> tuple[BestConfig, bool]:
     """Write the best config of its key as a compare-and-set on the row's revision, after the
     caller decided from timings taken side by side in one process (the worker re-times the
     stored config beside its finalists): ``revision`` None inserts it only where the key has
     no row; a revision replaces the row only while it is still at that revision (the row whose
     config the caller re-timed), and counts it up. Returns the row as stored now and whether
     this call wrote it; False: another writer changed the key meanwhile and its row stands
-    (nothing here was timed against it). Safe when workers store the same key at once."""
-    key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version)
+    (nothing here was timed against it). Safe when workers store the same key at once. The key
+    includes ``timing``, the method the times were taken with (``tuner/timing.py``)."""
+    key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version,
+                    timing)
     values = _best_values(shape, times, torch_version, cuda_version, task_id)
     if revision is None:
         written = _insert_ignoring_conflicts(session, BestConfig,
@@ -1015,13 +1035,15 @@ def store_best(session: Session, *, device_key: str, kernel: str, kernel_version
                config: Mapping[str, int], p20_ms: float, p50_ms: float, p80_ms: float,
                tflops: float | None, gbps: float | None, torch_version: str | None,
                cuda_version: str | None, task_id: int | None,
-               noise_margin: float = 0.0, measured: str | None = None) -> tuple[BestConfig, bool]:
+               noise_margin: float = 0.0, measured: str | None = None,
+               timing: str = DEFAULT_TIMING) -> tuple[BestConfig, bool]:
     """Insert the best config for its key, or replace the stored one only when the new p50 is
     below the stored p50 * (1 - ``noise_margin``). For times that cannot be re-timed side by
     side (``tuner import``: a file carries one time per config): a worker decides by
     re-timing and writes with ``write_best`` instead. Returns the stored row and whether this
     call wrote it. Safe when two workers store the same key at once."""
-    key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version)
+    key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version,
+                    timing)
     values = _best_values(shape, BestTimes(config, p20_ms, p50_ms, p80_ms, tflops, gbps,
                                            measured), torch_version, cuda_version, task_id)
     written = _insert_ignoring_conflicts(session, BestConfig, {**key, **values, "revision": 1},
@@ -1052,10 +1074,14 @@ def _best_query(kernel: str | None = None, device_key: str | None = None,
 
 def get_best(session: Session, *, device_key: str, kernel: str, dtype: str, shape_key: str,
              kernel_version: str | None = None,
-             triton_version: str | None = None) -> BestConfig | None:
-    """The stored best for an exact shape on a device; among several kernel or Triton
-    versions (when not given), the most recently updated."""
+             triton_version: str | None = None,
+             timing: str | None = DEFAULT_TIMING) -> BestConfig | None:
+    """The stored best for an exact shape on a device timed with ``timing`` (None: any
+    method); among several kernel or Triton versions (when not given), the most recently
+    updated."""
     query = _best_query(kernel, device_key, dtype).where(BestConfig.shape_key == shape_key)
+    if timing is not None:
+        query = query.where(BestConfig.timing == timing)
     if kernel_version:
         query = query.where(BestConfig.kernel_version == kernel_version)
     if triton_version:
@@ -1116,6 +1142,8 @@ class Candidate:
     device_key: str
     shape_key: str
     triton_version: str
+    #: the timing method of its times (``tuner/timing.py``)
+    timing: str
     #: log2 of each dimension (``shape_distance``'s terms)
     log_shape: dict[str, float]
     updated: float
@@ -1139,7 +1167,7 @@ def serving_candidates(session: Session, *, kernel: str, kernel_version: str,
         select(BestConfig, Device.kind).outerjoin(Device, Device.key == BestConfig.device_key)
         .where(BestConfig.kernel == kernel, BestConfig.kernel_version == kernel_version,
                BestConfig.dtype == dtype).order_by(BestConfig.id))
-    return [Candidate(row, kind, row.device_key, row.shape_key, row.triton_version,
+    return [Candidate(row, kind, row.device_key, row.shape_key, row.triton_version, row.timing,
                       log_shape(row.shape), row.updated_at.timestamp()) for row, kind in rows]
 
 
@@ -1151,21 +1179,23 @@ def all_serving_candidates(session: Session) -> dict[tuple[str, str, str], list[
         Device, Device.key == BestConfig.device_key).order_by(BestConfig.id))
     for row, kind in rows:
         groups.setdefault((row.kernel, row.kernel_version, row.dtype), []).append(Candidate(
-            row, kind, row.device_key, row.shape_key, row.triton_version, log_shape(row.shape),
-            row.updated_at.timestamp()))
+            row, kind, row.device_key, row.shape_key, row.triton_version, row.timing,
+            log_shape(row.shape), row.updated_at.timestamp()))
     return groups
 
 
 def serve_best(candidates: Iterable[Candidate], *, shape: Mapping[str, int],
-               device_key: str | None, triton_version: str | None) -> Served | None:
+               device_key: str | None, triton_version: str | None,
+               timing: str = DEFAULT_TIMING) -> Served | None:
     """The config to serve a caller from ``serving_candidates`` (its kernel version and
     dtype), down the ladder: on the caller's device with its Triton minor version, the exact
     shape (``exact``) else the nearest (``nearest``); on its device with another Triton minor
     (``other-triton``); on another real GPU (``other-device``; the interpreter's and replayed
     results are never served for another device). None: serve the kernel's default. Without
     ``device_key`` only ``other-device`` can match (the caller's GPU is unknown); without
-    ``triton_version`` every Triton version counts as the caller's."""
-    candidates = list(candidates)
+    ``triton_version`` every Triton version counts as the caller's. Only candidates timed with
+    ``timing`` count (``serve_timed`` falls back to the other methods)."""
+    candidates = [c for c in candidates if c.timing == timing]
     key, logs = shape_key(shape), log_shape(shape)
     if device_key:
         mine = [c for c in candidates if c.device_key == device_key]
@@ -1200,6 +1230,28 @@ def _closest(candidates: Sequence[Candidate], key: str, logs: Mapping[str, float
     exact = [c for c in candidates if c.shape_key == key]  # no distance to compute
     best = min(exact or candidates, key=rank)
     return best.row, 0.0 if exact else distance(best)
+
+
+#: how good each match is, best first (``serve_timed`` compares answers of two methods)
+MATCH_RANK = {"exact": 0, "nearest": 1, "other-triton": 2, "other-device": 3}
+
+
+def serve_timed(serve: Callable[[str], Served | None], timing: str) -> Served | None:
+    """The answer for a caller who asked for configs timed with ``timing``: ``serve(method)``
+    is the ladder's answer among the configs timed with ``method`` (``serve_best``). The asked
+    method's answer, unless another method's matches better (``MATCH_RANK``: the exact shape on
+    the caller's device timed ``eager-flushed`` beats a nearest shape timed ``cuda-graph``);
+    among other methods, the default's first. The caller sees the method in the answer."""
+    best = serve(timing)
+    if best is not None and best.match == "exact":
+        return best
+    for other in sorted((m for m in TIMING_METHODS if m != timing),
+                        key=lambda m: m != DEFAULT_TIMING):
+        found = serve(other)
+        if found is not None and (best is None
+                                  or MATCH_RANK[found.match] < MATCH_RANK[best.match]):
+            best = found
+    return best
 
 
 def best_configs_version(session: Session) -> tuple[Any, ...]:
@@ -1241,7 +1293,8 @@ class MissLimits:
 def report_miss(session: Session, *, device_key: str | None, kernel: str,
                 kernel_version: str, registered_version: str, dtype: str,
                 shape: Mapping[str, int], client: str, limits: MissLimits,
-                label: str | None = None, may_queue: bool = True) -> str:
+                label: str | None = None, may_queue: bool = True,
+                timing: str = DEFAULT_TIMING) -> str:
     """Record one report of a lookup that was not served exactly, and queue a tuning job on the
     caller's device when it should be. Returns what became of it (the API's ``miss``):
 
@@ -1257,14 +1310,15 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
       has ``limits.cap_per_kernel`` misses whose jobs are queued or running).
 
     ``client``: who the rate limit counts (an identity the caller cannot choose); ``label``:
-    the name shown as the miss's ``last_client`` (default: ``client``).
+    the name shown as the miss's ``last_client`` (default: ``client``). ``timing``: the
+    method the lookup asked for, part of the miss's identity; its job tunes with it.
 
     Commit after each call: the miss row stays write-locked until then, which is what makes
     concurrent reports of one miss queue one job (the rate and cap counts read other rows and
     may be overrun by reports that race)."""
     now = utcnow()
     miss = _counted_miss(session, device_key or "", kernel, kernel_version, dtype, shape,
-                         label or client, now)
+                         label or client, now, timing)
     unqueueable = _unqueueable(session, device_key, kernel_version, registered_version)
     if unqueueable is not None:
         return _miss_is(session, miss.id, *unqueueable)
@@ -1298,10 +1352,11 @@ def _unqueueable(session: Session, device_key: str | None, kernel_version: str,
 
 
 def _counted_miss(session: Session, device_key: str, kernel: str, kernel_version: str,
-                  dtype: str, shape: Mapping[str, int], client: str, now: datetime) -> Miss:
+                  dtype: str, shape: Mapping[str, int], client: str, now: datetime,
+                  timing: str = DEFAULT_TIMING) -> Miss:
     """The miss row, inserted or counted once more: this write locks the row until commit."""
     key = dict(device_key=device_key, kernel=kernel, kernel_version=kernel_version,
-               dtype=dtype, shape_key=shape_key(shape))
+               dtype=dtype, shape_key=shape_key(shape), timing=check_timing(timing))
     inserted = _insert_ignoring_conflicts(session, Miss, {
         **key, "shape": dict(shape), "count": 1, "first_seen_at": now, "last_seen_at": now,
         "last_client": client, "status": "new"}, list(key))
@@ -1338,7 +1393,7 @@ def _queue_miss(session: Session, miss: Miss, device_key: str, client: str,
     job, created = submit_job(
         session, kernel=miss.kernel, kernel_version=miss.kernel_version, dtype=miss.dtype,
         shapes=[miss.shape], budget_trials=limits.trials, budget_seconds=None, strategy="auto",
-        backend="auto", device_key=device_key, force=False, seed=0)
+        backend="auto", device_key=device_key, force=False, seed=0, timing=miss.timing)
     mine = dict(queued_by=client, queued_at=now) if created else {}
     if not _changed_row(session, Miss, miss.id, update(Miss).where(
             Miss.id == miss.id, _same_job(miss.job_id))

@@ -27,7 +27,7 @@ REPLAY_KIND = "replay"
 #: job results listed on a comparison page (the most recent)
 MAX_TASKS_COMPARED = 200
 
-_Identity = tuple[str, str, str, str]  # device, kernel, dtype, shape key
+_Identity = tuple[str, str, str, str, str]  # device, kernel, dtype, shape key, timing
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +59,18 @@ def stale_bests(session: Session, *, kernel_versions: Mapping[str, str],
                 installed_triton: str | None, kernel: str | None = None) -> list[StaleBest]:
     """Stored bests tuned for another version of their kernel's source than the registered one
     (``kernel_versions``: kernel -> its version now) or under another Triton minor version than
-    their device runs now (``device_triton_versions``), one per (device, kernel, dtype, shape):
-    the most recently updated. An identity already tuned for the current kernel version and
-    Triton minor (re-tuned since) is not stale, nor is a kernel that is not registered here
-    (nothing to re-tune it with). Ordered by kernel, dtype, device and shape."""
+    their device runs now (``device_triton_versions``), one per (device, kernel, dtype, shape,
+    timing method): the most recently updated. An identity already tuned for the current
+    kernel version and Triton minor (re-tuned since) is not stale, nor is a kernel that is not
+    registered here (nothing to re-tune it with). Ordered by kernel, dtype, device and
+    shape."""
     tritons = device_triton_versions(session, installed_triton)
     kinds = dict(session.execute(select(Device.key, Device.kind)).all())
     rows = [r for r in repo.list_best(session, kernel=kernel) if r.kernel in kernel_versions]
     current: set[_Identity] = set()
     stale: dict[_Identity, tuple[BestConfig, tuple[str, ...]]] = {}
     for r in rows:
-        identity = (r.device_key, r.kernel, r.dtype, r.shape_key)
+        identity = (r.device_key, r.kernel, r.dtype, r.shape_key, r.timing)
         reasons = _reasons(r, kernel_versions[r.kernel], tritons.get(r.device_key,
                                                                         installed_triton))
         if not reasons:

@@ -59,9 +59,9 @@ def queue_task(factory: Any, shape: dict[str, int], trials: int, *, kernel: str 
 def store(db_url: str, shape: dict[str, int], ms: float, device: str = GPU,
           config: dict[str, int] | None = None, dtype: str = "float16", *,
           triton_version: str = "3.6.0", kernel_version: str | None = None,
-          kind: str = "cuda") -> None:
+          kind: str = "cuda", timing: str = "eager-flushed") -> None:
     """A best config as a worker of that device kind would have stored it (kernel version:
-    the registered matmul's unless given)."""
+    the registered matmul's unless given), timed with ``timing``."""
     from search_spaces import get_kernel
 
     version = kernel_version or get_kernel("matmul").version
@@ -71,7 +71,8 @@ def store(db_url: str, shape: dict[str, int], ms: float, device: str = GPU,
         repo.store_best(session, device_key=device, kernel="matmul", kernel_version=version,
                         dtype=dtype, shape=shape, triton_version=triton_version,
                         config=config or CONFIG, p20_ms=ms, p50_ms=ms, p80_ms=ms, tflops=1.0,
-                        gbps=1.0, torch_version=None, cuda_version=None, task_id=None)
+                        gbps=1.0, torch_version=None, cuda_version=None, task_id=None,
+                        timing=timing)
         session.commit()
 
 

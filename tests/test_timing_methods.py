@@ -1,23 +1,126 @@
 """Timing methods (issue 29, ``tuner/timing.py``): how every result was timed (eager-flushed,
-cuda-graph, eager-hot), carried to the measuring child and named with every measurement. The
-GPU side (the three methods timing a real kernel) is tests/gpu/test_timing_methods.py."""
+cuda-graph, eager-hot), chosen per job, carried to the measuring child, stored with every best
+as part of its identity; on SQLite and PostgreSQL. The GPU side (the three methods timing a
+real kernel) is tests/gpu/test_timing_methods.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from alembic import command
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 
+from db import repo
+from db.engine import alembic_config, init_db, make_engine
+from search_spaces import get_kernel
+from tests.api_support import CONFIG, GPU, INTERPRETER, SHAPE, store
 from tuner import gpu_timer
 from tuner.backends.child import ChildState, _time_fn
 from tuner.backends.replay import ReplayBackend, ReplayTableError, load_table, parse_table
+from tuner.config import KernelConfig
+from tuner.configs_file import ConfigsEntry, ConfigsFile, write_tuner, write_vllm
+from tuner.errors import InvalidRequest
+from tuner.worker import execute_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "tests/data/replay/matmul_16x4096x4096_float16_h200.json"
+SMALL = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
+         "num_stages": 2}
+CUBE = {"M": 64, "N": 64, "K": 64}
+JOB: dict[str, Any] = {"kernel": "matmul", "dtype": "float16", "shapes": [SHAPE],
+                       "budget": {"trials": 3}}
 
 
-# -- the measuring child and the backends ------------------------------------------------------
+# -- the job option ---------------------------------------------------------------------------
+
+def test_a_job_says_how_it_is_timed_and_an_unknown_method_is_a_422_naming_timing(api_client):
+    default = api_client.post("/api/v1/jobs", json=JOB)
+    graph = api_client.post("/api/v1/jobs", json={**JOB, "timing": "cuda-graph"})
+    assert default.status_code == graph.status_code == 202
+    # two submissions differing only in timing are two jobs, not duplicates
+    assert not graph.json()["deduplicated"] and graph.json()["id"] != default.json()["id"]
+    assert api_client.get(default.json()["url"]).json()["timing"] == "eager-flushed"
+    assert api_client.get(graph.json()["url"]).json()["timing"] == "cuda-graph"
+    again = api_client.post("/api/v1/jobs", json={**JOB, "timing": "cuda-graph"})
+    assert again.json()["deduplicated"] and again.json()["id"] == graph.json()["id"]
+    bad = api_client.post("/api/v1/jobs", json={**JOB, "timing": "graphs"})
+    assert bad.status_code == 422
+    [detail] = bad.json()["detail"]
+    assert detail["loc"] == ["body", "timing"] and "cuda-graph" in detail["msg"]
+
+
+def test_cuda_graph_timing_is_refused_where_only_the_interpreter_can_run_the_job(api_client):
+    refused = api_client.post("/api/v1/jobs", json={**JOB, "backend": "interpret",
+                                                    "timing": "cuda-graph"})
+    assert refused.status_code == 422
+    [detail] = refused.json()["detail"]
+    assert detail["loc"] == ["body", "timing"]
+    assert "interpreter cannot replay CUDA graphs" in detail["msg"]
+    for timing in ("eager-flushed", "eager-hot"):  # wall time either way: accepted
+        ok = api_client.post("/api/v1/jobs", json={**JOB, "backend": "interpret",
+                                                   "timing": timing})
+        assert ok.status_code == 202, ok.text
+
+
+def test_a_job_tuned_one_way_is_not_answered_from_the_store_for_another(api_client,
+                                                                         api_db_url):
+    store(api_db_url, SHAPE, 0.1, device=GPU)  # eager-flushed
+    answered = api_client.post("/api/v1/jobs", json={**JOB, "device": GPU}).json()
+    assert answered["answered_from_store"] == 1
+    graph = api_client.post("/api/v1/jobs", json={**JOB, "device": GPU,
+                                                  "timing": "cuda-graph"}).json()
+    assert graph["answered_from_store"] == 0 and graph["status"] == "queued"
+
+
+# -- the measuring child and the worker ---------------------------------------------------------
+
+def _queue(factory: Any, kernel: str, shape: dict[str, int], dtype: str, timing: str,
+           trials: int = 2) -> int:
+    with factory() as session:
+        job = repo.create_job(session, kernel=kernel, kernel_version=get_kernel(kernel).version,
+                              dtype=dtype, shapes=[shape], budget_trials=trials,
+                              budget_seconds=None, strategy="auto", force=True, seed=0,
+                              backend="interpret", device_key=None, timing=timing)
+        task_id = int(job.tasks[0].id)
+        repo.start_task_locally(session, task_id, worker_id="cli")
+        session.commit()
+    return task_id
+
+
+def test_the_interpreter_times_an_eager_method_and_stores_it_with_the_best(tmp_path):
+    factory = init_db(f"sqlite:///{tmp_path / 'hot.db'}")
+    task_id = _queue(factory, "vector_add", {"N": 4096}, "float32", "eager-hot")
+    seen: list[Any] = []
+    outcome = execute_task(factory, task_id, backend_kind="interpret", worker_id="cli",
+                           on_trial=lambda _n, m: seen.append(m))
+    assert outcome.status == "succeeded", outcome.error
+    # the child timed every trial with the method the job asked for, and says so
+    assert seen and {m.extra.get("timing") for m in seen if m.ok} == {"eager-hot"}
+    with factory() as s:
+        [best] = repo.list_best(s, kernel="vector_add")
+        task = repo.get_task(s, task_id)
+        assert best.timing == "eager-hot" and task.timing == "eager-hot"
+        assert repo.get_best(s, device_key=INTERPRETER, kernel="vector_add", dtype="float32",
+                             shape_key=best.shape_key) is None  # not an eager-flushed best
+
+
+def test_a_cuda_graph_task_on_the_interpreter_fails_with_a_sentence_storing_nothing(tmp_path):
+    factory = init_db(f"sqlite:///{tmp_path / 'graph.db'}")
+    task_id = _queue(factory, "vector_add", {"N": 4096}, "float32", "cuda-graph")
+    outcome = execute_task(factory, task_id, backend_kind="interpret", worker_id="cli")
+    assert outcome.status == "failed"
+    assert "cannot replay CUDA graphs" in (outcome.error or "")
+    with factory() as s:
+        assert repo.list_best(s, kernel="vector_add") == []
+        assert repo.trials_for_task(s, task_id) == []
+
 
 def test_the_interpreter_child_refuses_to_time_a_cuda_graph():
     from tuner.backends import TimingOptions
@@ -29,6 +132,55 @@ def test_the_interpreter_child_refuses_to_time_a_cuda_graph():
     assert len(calls) == 3 and 0 <= p20 <= p50 <= p80 and not quick
     with pytest.raises(RuntimeError, match="cannot replay CUDA graphs"):
         _time_fn(state, lambda: calls.append(1), TimingOptions(method="cuda-graph"))
+
+
+def _table(tmp_path: Path, method: str | None) -> Any:
+    data = json.loads(TABLE.read_text())
+    if method is not None:
+        data["timing_method"] = method
+    path = tmp_path / f"table-{method}.json"
+    path.write_text(json.dumps(data))
+    return load_table(path)
+
+
+def _replay(factory: Any, table: Any, timing: str, trials: int = 6) -> Any:
+    with factory() as session:
+        job = repo.create_job(session, kernel="matmul",
+                              kernel_version=get_kernel("matmul").version, dtype=table.dtype,
+                              shapes=[table.shape], budget_trials=trials, budget_seconds=None,
+                              strategy="auto", force=True, seed=0, backend="replay",
+                              device_key=None, timing=timing)
+        task_id = int(job.tasks[0].id)
+        repo.start_task_locally(session, task_id, worker_id="cli")
+        session.commit()
+    outcome = execute_task(factory, task_id, backend_kind="replay", replay_table=table,
+                           worker_id="cli")
+    assert outcome.status == "succeeded", outcome.error
+    return task_id
+
+
+def test_a_replay_stores_its_tables_method_and_bests_of_two_methods_coexist(any_db_url,
+                                                                            tmp_path):
+    factory = init_db(any_db_url)
+    flushed, graph = _table(tmp_path, None), _table(tmp_path, "cuda-graph")
+    assert flushed.timing == "eager-flushed" and graph.timing == "cuda-graph"
+    # a cuda-graph job replayed from an eager-flushed table: stored as what was timed
+    first = _replay(factory, flushed, "cuda-graph")
+    second = _replay(factory, graph, "eager-flushed")
+    with factory() as s:
+        rows = repo.list_best(s, kernel="matmul")
+        assert sorted(r.timing for r in rows) == ["cuda-graph", "eager-flushed"]
+        assert len({(r.device_key, r.shape_key, r.triton_version) for r in rows}) == 1
+        assert repo.get_task(s, first).timing == "eager-flushed"
+        assert repo.get_task(s, second).timing == "cuda-graph"
+        by_timing = {r.timing: r for r in rows}
+        assert by_timing["eager-flushed"].task_id == first
+        assert by_timing["cuda-graph"].task_id == second
+    # another cuda-graph search meets the cuda-graph best as its stored best (its incumbent)
+    third = _replay(factory, graph, "cuda-graph")
+    with factory() as s:
+        assert repo.get_task(s, third).incumbent_ms is not None
+        assert len(repo.list_best(s, kernel="matmul")) == 2
 
 
 def test_a_replay_answers_as_its_table_was_timed_whatever_is_asked(tmp_path: Path):
@@ -66,3 +218,103 @@ def test_a_graph_captures_enough_launches_for_a_replay_of_a_twentieth_of_rep():
 def test_an_unknown_method_is_not_timed():
     with pytest.raises(ValueError, match="timing method 'graph'"):
         gpu_timer.bench("graph", lambda: None)
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+def test_the_migration_keeps_every_stored_result_as_eager_flushed_and_goes_down(any_db_url):
+    engine = make_engine(any_db_url)
+    config = alembic_config(engine)
+    mine = ScriptDirectory.from_config(config).get_revision("0007")
+    before = str(mine.down_revision)
+    command.upgrade(config, before)
+    version = get_kernel("matmul").version
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO best_configs (device_key, kernel, kernel_version, dtype, shape_key, "
+            "shape, triton_version, config, p20_ms, p50_ms, p80_ms, updated_at) VALUES "
+            "(:device, 'matmul', :version, 'float16', 'K=64,M=64,N=64', :shape, '3.6.0', "
+            ":config, 0.1, 0.1, 0.1, :at)"),
+            {"device": GPU, "version": version, "shape": json.dumps(CUBE),
+             "config": json.dumps(CONFIG), "at": "2026-01-01 00:00:00"})
+        conn.execute(text(
+            "INSERT INTO jobs (id, kernel, kernel_version, dtype, status, backend, strategy, "
+            "budget_trials, force, seed, request_key, created_at) VALUES ('j' , 'matmul', "
+            ":version, 'float16', 'succeeded', 'auto', 'auto', 8, false, 0, 'k', :at)"),
+            {"version": version, "at": "2026-01-01 00:00:00"})
+    command.upgrade(config, "head")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT timing FROM best_configs")).all() == [
+            ("eager-flushed",)]
+        assert conn.execute(text("SELECT timing FROM jobs")).all() == [("eager-flushed",)]
+    keys = {u["name"]: set(u["column_names"])
+            for u in inspect(engine).get_unique_constraints("best_configs")}
+    assert "timing" in keys["uq_best_key"]
+    factory = init_db(any_db_url)
+    with factory() as s:  # the same shape timed with cuda-graph is a row of its own
+        _, written = repo.store_best(s, device_key=GPU, kernel="matmul", kernel_version=version,
+                                     dtype="float16", shape=CUBE, triton_version="3.6.0",
+                                     config=SMALL, p20_ms=0.2, p50_ms=0.2, p80_ms=0.2,
+                                     tflops=None, gbps=None, torch_version=None,
+                                     cuda_version=None, task_id=None, timing="cuda-graph")
+        s.commit()
+        assert written and len(repo.list_best(s)) == 2
+    command.downgrade(config, before)  # the narrower key keeps the default's rows alone
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT p50_ms FROM best_configs")).all() == [(0.1,)]
+    assert "timing" not in {c["name"] for c in inspect(engine).get_columns("best_configs")}
+    command.upgrade(config, "head")
+    engine.dispose()
+
+
+# -- configs files -----------------------------------------------------------------------------
+
+def test_a_configs_file_keeps_each_entrys_timing(tmp_path):
+    entries = [ConfigsEntry("matmul", "v1", "float16", GPU, "3.6.0", dict(CUBE),
+                            KernelConfig(CONFIG), ms=0.02),
+               ConfigsEntry("matmul", "v1", "float16", GPU, "3.6.0", dict(CUBE),
+                            KernelConfig(SMALL), ms=0.03, timing="cuda-graph")]
+    path = tmp_path / "configs.json"
+    write_tuner(entries, path)
+    loaded = ConfigsFile.load(path)
+    assert [e.timing for e in loaded.entries] == ["eager-flushed", "cuda-graph"]
+    found = loaded.lookup("matmul", "float16", CUBE, device=GPU, timing="cuda-graph")
+    assert found is not None and found.config == KernelConfig(SMALL)  # though slower
+    with pytest.raises(InvalidRequest, match="timing method"):
+        write_vllm([*entries, ConfigsEntry("matmul", "v1", "float16", GPU, "3.6.0",
+                                           {**CUBE, "M": 32}, KernelConfig(SMALL))],
+                   tmp_path / "vllm.json")
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+def _tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_tuner_tune_timing_reaches_the_stored_best_and_export(tmp_path):
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    table = tmp_path / "graph.json"
+    table.write_text(json.dumps({**json.loads(TABLE.read_text()), "timing_method": "cuda-graph"}))
+    tuned = _tuner("tune", "matmul", "--replay", str(table), "--trials", "4", "--timing",
+                   "cuda-graph", "--json", "--no-progress", db=db)
+    assert tuned.returncode == 0, tuned.stderr
+    assert json.loads(tuned.stdout)["timing"] == "cuda-graph"
+    listed = _tuner("configs", "--json", db=db)
+    assert [c["timing"] for c in json.loads(listed.stdout)] == ["cuda-graph"]
+    refused = _tuner("tune", "vector_add", "--shape", "N=1024", "--dtype", "float32",
+                     "--backend", "interpret", "--timing", "cuda-graph", db=db)
+    assert refused.returncode == 2 and "--timing" in refused.stderr
+    assert "cannot replay CUDA graphs" in refused.stderr
+    out = tmp_path / "out.json"
+    exported = _tuner("export", "--timing", "cuda-graph", "--out", str(out), db=db)
+    assert exported.returncode == 0, exported.stderr
+    assert [e["timing"] for e in json.loads(out.read_text())["configs"]] == ["cuda-graph"]
+    none = _tuner("export", "--timing", "eager-hot", "--out", str(out), db=db)
+    assert none.returncode == 1 and "timing=eager-hot" in none.stderr
+    imported_db = f"sqlite:///{tmp_path / 'imported.db'}"
+    assert _tuner("import", str(tmp_path / "out.json"), db=imported_db).returncode == 0
+    with init_db(imported_db)() as s:
+        assert [r.timing for r in repo.list_best(s)] == ["cuda-graph"]

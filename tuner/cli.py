@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tuner.errors import InvalidRequest, TunerError
+from tuner.timing import DEFAULT_TIMING, TIMING_METHODS
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_RESULT = 1
@@ -25,6 +26,14 @@ STRATEGY_NAMES = ("auto", "exhaustive", "gp", "model", "model-tpe", "random", "t
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+def _add_timing_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timing", default=DEFAULT_TIMING, choices=TIMING_METHODS,
+                        help="how configs are timed: eager-flushed (eager launches, the L2 "
+                             "cache flushed before each; the default), cuda-graph (replayed in "
+                             "a CUDA graph, no flush: how serving engines run decode-time "
+                             "kernels) or eager-hot (eager, no flush)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_budget_options(tune, "")
     tune.add_argument("--backend", default="auto",
                       choices=["auto", "cuda", "interpret", "replay"])
+    _add_timing_option(tune)
     tune.add_argument("--replay", metavar="FILE", help="a replay-v1 table (implies --backend "
                       "replay)")
     tune.add_argument("--sweep", metavar="DIM=V1,V2,...", help="tune every value of one "
@@ -109,6 +119,7 @@ def _add_file_commands(sub: Any) -> None:
     export.add_argument("--kernel-version", help="only this kernel source version")
     export.add_argument("--triton", metavar="MAJOR.MINOR", help="only configs tuned with this "
                         "Triton minor version, e.g. 3.6")
+    export.add_argument("--timing", choices=TIMING_METHODS, help="only configs timed this way")
     export.add_argument("--format", default="tuner", choices=["tuner", "vllm"],
                         help="tuner: tuner-configs-v1 (every identity field; the default); "
                         "vllm: {M: config} with vLLM's names, for one kernel, dtype and device "
@@ -139,6 +150,7 @@ def _add_service_commands(sub: Any) -> None:
     submit.add_argument("--device", help="the device key that must run it, e.g. 'cuda:NVIDIA "
                         "H200:sm90' (default: any worker)")
     submit.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
+    _add_timing_option(submit)
     submit.add_argument("--force", action="store_true", help="tune shapes already tuned for "
                         "the device again")
     submit.add_argument("--wait", action="store_true", help="then wait for it as tuner wait "

@@ -78,7 +78,19 @@ def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], 
     check_dtype(kernel, dtype)
     if backend == "interpret":
         check_interpreter_dtype(kernel, dtype)
+        check_interpreter_timing(args.timing)
     return kernel, shape, dtype, backend, table
+
+
+def check_interpreter_timing(timing: str) -> None:
+    """``--timing`` the CPU interpreter cannot time with (``cuda-graph``): refused before a job
+    is created."""
+    from tuner.timing import interpreter_refusal
+
+    refusal = interpreter_refusal(timing)
+    if refusal is not None:
+        raise InvalidRequest(f"--timing: {refusal}; run it with --backend cuda",
+                             field="timing")
 
 
 def _tune_sweep(args: argparse.Namespace) -> int:
@@ -90,7 +102,7 @@ def _tune_sweep(args: argparse.Namespace) -> int:
         return 2
     argv = [args.kernel, "--sweep", args.sweep, "--dtype", args.dtype or "float16",
             "--trials", str(args.trials), "--strategy", args.strategy, "--seed",
-            str(args.seed), "--backend", args.backend]
+            str(args.seed), "--backend", args.backend, "--timing", args.timing]
     if args.shape:
         argv += ["--shape", args.shape]
     if args.seconds is not None:
@@ -115,7 +127,8 @@ def tune(args: argparse.Namespace) -> int:
         job = repo.create_job(session, kernel=kernel.name, kernel_version=kernel.version,
                               dtype=dtype, shapes=[shape], budget_trials=args.trials,
                               budget_seconds=args.seconds, strategy=args.strategy, force=True,
-                              seed=args.seed, backend=backend, device_key=None)
+                              seed=args.seed, backend=backend, device_key=None,
+                              timing=args.timing)
         job_id, task_id = job.id, job.tasks[0].id
         repo.start_task_locally(session, task_id, worker_id=CLI_WORKER)
         session.commit()
@@ -225,6 +238,7 @@ def _summary(kernel: TunableKernel, shape: dict[str, int], dtype: str, backend: 
         "stop_reason": result.stop_reason if result else None,
         "stored": outcome.stored, "stored_note": outcome.note, "wall_s": round(wall, 3),
         "error": outcome.error, "timings_meaningful": backend != "interpret",
+        "timing": best.extra.get("timing") if best else None,
     }
 
 
@@ -287,7 +301,8 @@ def configs(args: argparse.Namespace) -> int:
         return 0
     for d in data:
         print(f"{d['kernel']:<8} {d['dtype']:<9} {shape_label(d['shape']):<18} "
-              f"{d['device_key']:<28} {d['p50_ms']:.4f} ms  {json.dumps(d['config'])}")
+              f"{d['device_key']:<28} {d['p50_ms']:.4f} ms {d['timing']:<13} "
+              f"{json.dumps(d['config'])}")
     return 0
 
 
@@ -304,7 +319,7 @@ def _check_kernel_filter(name: str | None) -> None:
 def _config_row(r: Any) -> dict[str, Any]:
     return {"kernel": r.kernel, "kernel_version": r.kernel_version, "dtype": r.dtype,
             "shape": r.shape, "device_key": r.device_key, "triton_version": r.triton_version,
-            "config": r.config, "p50_ms": r.p50_ms, "tflops": r.tflops}
+            "config": r.config, "p50_ms": r.p50_ms, "tflops": r.tflops, "timing": r.timing}
 
 
 def kernels(args: argparse.Namespace) -> int:
@@ -380,13 +395,15 @@ def _selected(row: BestConfig, where: dict[str, int], args: argparse.Namespace) 
         return False
     if args.kernel_version and row.kernel_version != args.kernel_version:
         return False
+    if getattr(args, "timing", None) and row.timing != args.timing:
+        return False
     return not args.triton or same_triton_minor(row.triton_version, args.triton)
 
 
 def _nothing_matches(args: argparse.Namespace) -> str:
     filters = [f"{name}={getattr(args, name)}" for name in
-               ("kernel", "dtype", "device", "where", "kernel_version", "triton")
-               if getattr(args, name)]
+               ("kernel", "dtype", "device", "where", "kernel_version", "triton", "timing")
+               if getattr(args, name, None)]
     if not filters:
         return "no stored configs to export: the store is empty"
     return f"no stored configs match {', '.join(filters)} (tuner configs lists what is stored)"
@@ -400,7 +417,7 @@ def _entry_of(row: BestConfig) -> ConfigsEntry:
                         device=row.device_key, triton_version=row.triton_version,
                         shape=dict(row.shape), config=KernelConfig(row.config), ms=row.p50_ms,
                         tflops=row.tflops, gbps=row.gbps, torch_version=row.torch_version,
-                        cuda_version=row.cuda_version)
+                        cuda_version=row.cuda_version, timing=row.timing)
 
 
 def import_configs(args: argparse.Namespace) -> int:
@@ -442,5 +459,6 @@ def _store_entry(session: Session, entry: ConfigsEntry, ms: float) -> bool:
         kernel_version=entry.kernel_version, dtype=entry.dtype, shape=entry.shape,
         triton_version=entry.triton_version, config=entry.config.to_dict(), p20_ms=ms,
         p50_ms=ms, p80_ms=ms, tflops=entry.tflops, gbps=entry.gbps,
-        torch_version=entry.torch_version, cuda_version=entry.cuda_version, task_id=None)
+        torch_version=entry.torch_version, cuda_version=entry.cuda_version, task_id=None,
+        timing=entry.timing)
     return bool(written)

@@ -8,7 +8,8 @@
                   "device": "cuda:NVIDIA H200:sm90", "triton_version": "3.6.0",
                   "shape": {"M": 16, ...}, "config": {"BLOCK_M": 64, ..., "num_warps": 4},
                   "ms": 0.04, "tflops": 1.2, "gbps": 2900.0,
-                  "torch_version": "2.13.0", "cuda_version": "12.8"}, ...]}
+                  "torch_version": "2.13.0", "cuda_version": "12.8",
+                  "timing": "eager-flushed"}, ...]}
 
 ``ConfigsFile.lookup`` serves only exact identities, the same rule as the service's ``exact``
 match (``tuner.identity``): a file carries no nearest-shape fallback, the caller keeps its
@@ -16,6 +17,9 @@ defaults. ``write_vllm`` / ``read_vllm`` handle the flat ``{"<M>": {"BLOCK_SIZE_
 vLLM's fused-MoE kernels read, named as vLLM names them (``vllm_file_name``:
 ``E=8,N=14336,device_name=NVIDIA_H200.json``) and looked up by the nearest M as vLLM does
 (``nearest_m``). Engine side: nothing here imports ``db`` or ``api``.
+
+``timing`` (``tuner/timing.py``; ``eager-flushed`` where an entry has none) says how ``ms`` was
+taken; it is part of an entry's identity.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from tuner.device import INTERPRETER_NAME
 from tuner.errors import ConfigsFileError, InvalidRequest
 from tuner.identity import same_triton_minor, triton_minor
 from tuner.shapes import shape_key
+from tuner.timing import DEFAULT_TIMING, TIMING_METHODS
 
 FORMAT = "tuner-configs-v1"
 STDOUT = "-"
@@ -65,6 +70,8 @@ class ConfigsEntry:
     gbps: float | None = None
     torch_version: str | None = None
     cuda_version: str | None = None
+    #: how ``ms`` was taken (``tuner/timing.py``)
+    timing: str = DEFAULT_TIMING
 
     def to_dict(self) -> dict[str, Any]:
         return {"kernel": self.kernel, "kernel_version": self.kernel_version,
@@ -72,7 +79,7 @@ class ConfigsEntry:
                 "triton_version": self.triton_version, "shape": dict(self.shape),
                 "config": self.config.to_dict(), "ms": self.ms, "tflops": self.tflops,
                 "gbps": self.gbps, "torch_version": self.torch_version,
-                "cuda_version": self.cuda_version}
+                "cuda_version": self.cuda_version, "timing": self.timing}
 
     @classmethod
     def from_dict(cls, data: Any) -> ConfigsEntry:
@@ -87,7 +94,7 @@ class ConfigsEntry:
                    config=KernelConfig(_ints(data, "config")), ms=_number(data, "ms"),
                    tflops=_number(data, "tflops"), gbps=_number(data, "gbps"),
                    torch_version=_optional_text(data, "torch_version"),
-                   cuda_version=_optional_text(data, "cuda_version"))
+                   cuda_version=_optional_text(data, "cuda_version"), timing=_timing(data))
 
 
 def _text(data: dict[str, Any], name: str) -> str:
@@ -95,6 +102,13 @@ def _text(data: dict[str, Any], name: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name!r} must be a non-empty string, not {value!r}")
     return value
+
+
+def _timing(data: dict[str, Any]) -> str:
+    value = data.get("timing", DEFAULT_TIMING)
+    if value not in TIMING_METHODS:
+        raise ValueError(f"'timing' must be one of {', '.join(TIMING_METHODS)}, not {value!r}")
+    return str(value)
 
 
 def _optional_text(data: dict[str, Any], name: str) -> str | None:
@@ -183,13 +197,17 @@ class ConfigsFile:
         return cls(entries, exported_at if isinstance(exported_at, str) else None)
 
     def lookup(self, kernel: str, dtype: str, shape: Mapping[str, int], *, device: str,
-               kernel_version: str | None = None,
-               triton_version: str | None = None) -> ConfigsEntry | None:
+               kernel_version: str | None = None, triton_version: str | None = None,
+               timing: str | None = None) -> ConfigsEntry | None:
         """The fastest entry exact for this identity: same kernel, dtype, shape and device key,
-        the same kernel version and Triton major.minor when given; None when there is none."""
+        the same kernel version, Triton major.minor and timing method when given; None when
+        there is none."""
         for entry in self._index.get(_identity(kernel, dtype, shape, device), ()):
             if kernel_version is not None and entry.kernel_version != kernel_version:
                 continue
+            if timing is not None and entry.timing != timing:
+                continue
+
             if triton_version is not None and not same_triton_minor(entry.triton_version,
                                                                     triton_version):
                 continue
@@ -270,6 +288,7 @@ def _by_m(entries: list[ConfigsEntry]) -> dict[int, ConfigsEntry]:
     _one_value(entries, "kernel version", lambda e: e.kernel_version, "--kernel-version")
     _one_value(entries, "Triton minor version", lambda e: triton_minor(e.triton_version) or "",
                "--triton")
+    _one_value(entries, "timing method", lambda e: e.timing, "--timing")
     without_m = [shape_key(e.shape) for e in entries if "M" not in e.shape]
     if without_m:
         raise InvalidRequest(f"the vllm format is keyed by M, but shape {without_m[0]} has no M "

@@ -23,6 +23,7 @@ from typing import Any
 
 from tuner.errors import InvalidRequest, TunerError
 from tuner.kernel import TunableKernel
+from tuner.timing import DEFAULT_TIMING, TIMING_METHODS
 
 #: the CLI's lease owner for the tasks it runs in its own process (as ``tuner tune``)
 SWEEP_WORKER = "cli"
@@ -61,9 +62,10 @@ def run_sweep(factory: Any, kernel: TunableKernel, shapes: Sequence[dict[str, in
               *, backend_kind: str, trials: int, seconds: float | None = None,
               strategy: str = "auto", seed: int = 0, compile_workers: int | None = None,
               on_task: Callable[[dict[str, int], Any, float], None] | None = None,
-              ) -> SweepResult:
+              timing: str = DEFAULT_TIMING) -> SweepResult:
     """Create one job with a task per shape and run its tasks in order on one backend (a fresh
-    one only after a task left it dead). Each task stores its best before the next starts."""
+    one only after a task left it dead). Each task stores its best before the next starts.
+    ``timing``: how its configs are timed (``tuner/timing.py``)."""
     from db import repo
     from tuner.backends import open_backend
     from tuner.worker import execute_task
@@ -73,7 +75,7 @@ def run_sweep(factory: Any, kernel: TunableKernel, shapes: Sequence[dict[str, in
         job = repo.create_job(session, kernel=kernel.name, kernel_version=kernel.version,
                               dtype=dtype, shapes=list(shapes), budget_trials=trials,
                               budget_seconds=seconds, strategy=strategy, force=True, seed=seed,
-                              backend=backend_kind, device_key=None)
+                              backend=backend_kind, device_key=None, timing=timing)
         tasks = [(t.id, dict(t.shape)) for t in job.tasks]
         result = SweepResult(job_id=job.id)
         session.commit()
@@ -126,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--strategy", default="auto", choices=strategy_names())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto", choices=("auto", "cuda", "interpret"))
+    ap.add_argument("--timing", default=DEFAULT_TIMING, choices=TIMING_METHODS,
+                    help="how configs are timed (default: eager-flushed)")
     ap.add_argument("--compile-workers", type=int, default=None)
     ap.add_argument("--db", default=None, help="database URL (default: TUNER_DATABASE_URL)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -135,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from search_spaces import get_kernel
     from tuner.backends import resolve_backend_kind
-    from tuner.cli_commands import _summary, check_dtype
+    from tuner.cli_commands import _summary, check_dtype, check_interpreter_timing
     from tuner.settings import Settings
     from tuner.shapes import parse_shape, validate_shape
 
@@ -147,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = [validate_shape(kernel.dims, s) for s in sweep_shapes(base, dim, values)]
         backend = resolve_backend_kind(args.backend)
         check_dtype(kernel, args.dtype, backend)
+        if backend == "interpret":
+            check_interpreter_timing(args.timing)
     except TunerError as exc:
         print(f"tuner.sweep: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result = run_sweep(factory, kernel, shapes, args.dtype, backend_kind=backend,
                        trials=args.trials, seconds=args.seconds, strategy=args.strategy,
-                       seed=args.seed, compile_workers=args.compile_workers, on_task=report)
+                       seed=args.seed, compile_workers=args.compile_workers, on_task=report,
+                       timing=args.timing)
     summaries = [_summary(kernel, shape, args.dtype, backend, outcome, wall)
                  for shape, outcome, wall in result.outcomes]
     if args.json:

@@ -25,6 +25,7 @@ from db import repo
 from db.transient import StoreUnavailable, backoff_delays, describe, retry_transient
 from search_spaces import get_kernel
 from tuner.backends import TimingOptions, open_backend
+from tuner.backends.base import use_timing
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
@@ -40,6 +41,7 @@ from tuner.search import (
 )
 from tuner.settings import Settings
 from tuner.shapes import shape_distance, shape_key
+from tuner.timing import DEFAULT_TIMING
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +190,7 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
              heartbeat: Callable[[], bool] | None, compile_workers: int | None,
              backend: Any, keeper: BackendKeeper | None, settings: Settings) -> TaskOutcome:
     task_id = run.task_id
-    job_id, kernel, shape, dtype, resume, options_base = run.store(
+    job_id, kernel, shape, dtype, resume, options_base, wanted = run.store(
         "reading the task", lambda: _read_task(run, settings))
     shared = backend is not None
     kept = keeper is not None and not shared and backend_kind != "replay"
@@ -209,6 +211,8 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
                                    device_index=device_index, timing=timing,
                                    compile_workers=compile_workers)
         try:
+            # the method the backend times with: the job's (a replay table: its own)
+            run = replace(run, timing=use_timing(backend, wanted))
             outcome = _run_with_backend(run, job_id, kernel, shape, dtype, backend,
                                         options_base, resume, on_trial, heartbeat)
             clean = True
@@ -238,9 +242,10 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
 
 
 def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[str, int], str,
-                                                     list[Measurement], dict[str, Any]]:
-    """The task's job, kernel, problem, stored trials (to resume from) and search options. The
-    kernel is loaded once the read is over (an import: seconds, a user's module any time)."""
+                                                     list[Measurement], dict[str, Any], str]:
+    """The task's job, kernel, problem, stored trials (to resume from), search options and
+    timing method. The kernel is loaded once the read is over (an import: seconds, a user's
+    module any time)."""
     with run.factory() as session:
         task = repo.get_task(session, run.task_id)
         job = task.job
@@ -251,7 +256,8 @@ def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[
                             roofline_stop=settings.roofline_stop or None,
                             stop_chance=settings.stop_chance or None)
         job_id, kernel_name, shape, dtype = job.id, job.kernel, dict(task.shape), job.dtype
-    return job_id, get_kernel(kernel_name), shape, dtype, resume, options_base
+        timing = job.timing
+    return job_id, get_kernel(kernel_name), shape, dtype, resume, options_base, timing
 
 
 def job_seed(options: dict[str, Any]) -> int:
@@ -260,13 +266,15 @@ def job_seed(options: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class _Run:
-    """Where a task's results go: the store, the task, the lease owner writing them, and the
-    waits between tries of a write that failed transiently (``db.transient``)."""
+    """Where a task's results go: the store, the task, the lease owner writing them, the
+    waits between tries of a write that failed transiently (``db.transient``), and the timing
+    method its results are stored as (``tuner/timing.py``: what the backend times with)."""
 
     factory: SessionFactory
     task_id: int
     worker_id: str | None
     delays: tuple[float, ...] = ()
+    timing: str = DEFAULT_TIMING
 
     def store(self, doing: str, work: Callable[[], T]) -> T:
         """``work()`` (which opens its own session), retried while the database fails
@@ -281,13 +289,13 @@ def _setup(run: _Run, kernel: TunableKernel, fp: Any, dtype: str, shape: dict[st
     the roofline and the stored best of this identity."""
     with run.factory() as session:
         repo.upsert_device(session, fp.to_dict())
-        repo.set_task_device(session, run.task_id, fp.key)
+        repo.set_task_device(session, run.task_id, fp.key, run.timing)
         session.commit()
     with run.factory() as session:
         rows = repo.list_best(session, kernel=kernel.name, dtype=dtype)
         device = repo.get_device(session, fp.key)
         ceilings = (device.copy_gbps, device.matmul_tflops) if device else None
-        stored = stored_best(session, kernel, fp, dtype, shape)
+        stored = stored_best(session, kernel, fp, dtype, shape, run.timing)
     warm = _warm_start(rows, kernel, fp.key, dtype, shape, space)
     roof = roofline(kernel, shape, dtype, *ceilings) if ceilings else None
     return warm, roof, stored
@@ -382,12 +390,12 @@ class StoredBest(NamedTuple):
 
 
 def stored_best(session: Session, kernel: TunableKernel, fp: Any, dtype: str,
-                shape: Mapping[str, int]) -> StoredBest | None:
+                shape: Mapping[str, int], timing: str = DEFAULT_TIMING) -> StoredBest | None:
     """The stored best of exactly this identity: device key, kernel, kernel version, dtype,
-    shape and Triton version."""
+    shape, Triton version and timing method."""
     row = repo.get_best(session, device_key=fp.key, kernel=kernel.name, dtype=dtype,
                         shape_key=shape_key(shape), kernel_version=kernel.version,
-                        triton_version=fp.triton_version or "")
+                        triton_version=fp.triton_version or "", timing=timing)
     if row is None or row.triton_version != (fp.triton_version or ""):
         return None
     return StoredBest(KernelConfig(row.config), row.revision, row.p50_ms)
@@ -601,7 +609,8 @@ def _write_best(session: Session, run: _Run, kernel: TunableKernel, shape: dict[
         dtype=dtype, shape=shape, triton_version=fp.triton_version or "",
         times=_times(kernel, shape, dtype, decision.write, decision),
         revision=stored.revision if stored else None,
-        torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=run.task_id)
+        torch_version=fp.torch_version, cuda_version=fp.cuda_version, task_id=run.task_id,
+        timing=run.timing)
     return written
 
 

@@ -21,6 +21,7 @@ from api.schemas import (
     JobStatus,
     Measured,
     TaskPublic,
+    Timing,
     TrialPublic,
     TrialsPublic,
 )
@@ -30,6 +31,7 @@ from api.validation import (
     check_fits_gpu,
     check_interpreter_size,
     check_job_interpreter_dtype,
+    check_job_interpreter_timing,
     check_shape,
     check_strategy,
     kernel_or_error,
@@ -41,6 +43,7 @@ from tuner.errors import InvalidRequest
 from tuner.gpu_state import throttle_reasons
 from tuner.kernel import TunableKernel
 from tuner.settings import DatabaseBounds, Settings
+from tuner.timing import TIMING_METHODS
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -74,7 +77,9 @@ def task_public(t: Task, budget_trials: int) -> TaskPublic:
                                       if t.best_basis in BASES else None),
                       noise_margin=t.noise_margin,
                       outcome_counts=t.outcome_counts or {}, device=t.device_key,
-                      attempts=t.attempts, error=t.error)
+                      attempts=t.attempts, error=t.error,
+                      timing=cast(Timing | None, t.timing if t.timing in TIMING_METHODS
+                                  else None))
 
 
 def job_public(job: Job, waiting: str | None = None) -> JobPublic:
@@ -85,7 +90,8 @@ def job_public(job: Job, waiting: str | None = None) -> JobPublic:
                      device=job.device_key, created_at=job.created_at,
                      started_at=job.started_at, finished_at=job.finished_at, error=job.error,
                      url=job_url(job.id), waiting=waiting,
-                     verification=registered_verification(job.kernel), tasks=tasks)
+                     verification=registered_verification(job.kernel),
+                     timing=cast(Timing, job.timing), tasks=tasks)
 
 
 def waiting_note(session: Session, job: Job, settings: Settings) -> str | None:
@@ -141,11 +147,17 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     ``deduplicated``). Unless ``force``, shapes already tuned for the target device (``device``,
     or the only GPU this service knows) are answered from the store: their tasks are created
     as succeeded with the stored best; when that covers every shape the job is ``succeeded``
-    at once and the status is 200. Its configs are then at ``GET /configs``."""
+    at once and the status is 200. Its configs are then at ``GET /configs``.
+
+    ``timing`` says how configs are timed (``eager-flushed``, the default; ``cuda-graph``;
+    ``eager-hot``) and is part of the stored bests' identity: a shape tuned one way is not
+    answered from the store for another. A ``cuda-graph`` job that only the CPU interpreter
+    could run is refused (422 naming ``timing``)."""
     kernel = kernel_or_error(body.kernel)
     check_dtype(kernel, body.dtype)
     interpreter = only_interpreter(session, body, settings)
     check_job_interpreter_dtype(kernel, body.dtype, interpreter)
+    check_job_interpreter_timing(body.timing, interpreter)
     check_strategy(body.strategy)
     if body.budget.trials > settings.max_trials:
         raise InvalidRequest(f"budget.trials {body.budget.trials} is above this service's "
@@ -158,7 +170,8 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     fields: dict[str, Any] = dict(
         kernel=kernel.name, kernel_version=kernel.version, dtype=body.dtype, shapes=shapes,
         budget_trials=body.budget.trials, budget_seconds=body.budget.seconds,
-        strategy=body.strategy, backend=body.backend, device_key=body.device)
+        strategy=body.strategy, backend=body.backend, device_key=body.device,
+        timing=body.timing)
     job, created = repo.submit_job(session, **fields, force=body.force, seed=body.seed)
     if not created:
         session.commit()

@@ -309,6 +309,11 @@ class ConfigPublic(BaseModel):
     triton_version: str | None = None
     miss: MissOutcome | None = None
     verification: str | None = Field(None, description=VERIFICATION_DOC)
+    timing: Timing | None = Field(default=None, description="how the served config was "
+                                  "timed (None: the kernel's default, never timed)")
+    timing_fallback: bool = Field(default=False, description="the config was timed another "
+                                  "way than the lookup asked for: none timed its way matched "
+                                  "as well")
     basis: Basis | None = Field(default=None, description=BASIS_DOC)
     default_ms: float | None = None
     search_ms: float | None = None
@@ -330,6 +335,8 @@ class ConfigQueryItem(Strict):
                                        examples=["3.6.0"],
                                        description="the caller's Triton; configs of another "
                                                    "minor version are ``other-triton``")
+    timing: Timing = Field("eager-flushed", description="the timing method the caller wants "
+                           "its configs chosen by (GET /configs's ``timing``)")
 
 
 class ConfigQuery(Strict):
@@ -376,6 +383,8 @@ class MissPublic(BaseModel):
     job_id: str | None
     job_url: str | None
     note: str | None
+    timing: Timing = Field("eager-flushed", description="the timing method the lookup asked "
+                           "for: its job tunes with it")
 
 
 class MissesPublic(BaseModel):
@@ -510,6 +519,7 @@ class StaleConfigPublic(BaseModel):
     reasons: list[StaleReason]
     updated_at: datetime
     retune: JobCreate | None
+    timing: Timing = Field("eager-flushed", description=TIMING_DOC)
 
 
 class StaleConfigsPublic(BaseModel):

@@ -3,11 +3,13 @@ lookup (``GET /configs``, each item of ``POST /configs/query``) costs no databas
 
 Candidates (``repo.serving_candidates``: the bests of one kernel, kernel version and dtype, on
 every device, with their log2 shapes) are loaded per (kernel, kernel version, dtype) on first
-use and kept, split into the pools the ladder ranks (a device's rows of one Triton minor, a
-device's rows, other real GPUs' rows), each with a dict by shape key and a matrix of log2
-shapes. Answers come from ``repo.serve_best`` over the few rows it can choose for the caller
-(the exact shape's, else the nearest shape's, of the first pool with any row), which is
-exactly what it returns over all of them (see ``Group.serve``).
+use and kept, split by timing method (``tuner/timing.py``) into the pools the ladder ranks (a
+device's rows of one Triton minor, a device's rows, other real GPUs' rows), each with a dict by
+shape key and a matrix of log2 shapes. Answers come from ``repo.serve_best`` over the few rows
+it can choose for the caller (the exact shape's, else the nearest shape's, of the first pool
+with any row), which is exactly what it returns over all of them (see ``Ladder.serve``), for
+the method the caller asked for and, where that matches worse, the others
+(``repo.serve_timed``).
 
 Freshness: at most every ``refresh_s`` seconds (``TUNER_SERVING_REFRESH_S``, default 0.5) a
 lookup asks the database for ``repo.best_configs_version`` (one aggregate query: count, largest
@@ -62,6 +64,7 @@ from db.transient import describe, is_unavailable
 from tuner.identity import triton_minor
 from tuner.kernel import TunableKernel
 from tuner.shapes import shape_key
+from tuner.timing import DEFAULT_TIMING
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +119,10 @@ class Pool:
 
 
 @dataclass(frozen=True)
-class Group:
-    """The candidates of one (kernel, kernel version, dtype), in the pools the ladder of
-    ``repo.serve_best`` ranks: a device's rows under one Triton minor, a device's rows, and
-    the rows of real GPUs other than a device."""
+class Ladder:
+    """The candidates of one (kernel, kernel version, dtype) timed one way, in the pools the
+    ladder of ``repo.serve_best`` ranks: a device's rows under one Triton minor, a device's
+    rows, and the rows of real GPUs other than a device."""
 
     candidates: list[repo.Candidate]
     #: (device, Triton minor) -> the device's rows of that minor and those without a version;
@@ -130,7 +133,7 @@ class Group:
     gpus_except: dict[str, Pool]
 
     @classmethod
-    def of(cls, candidates: list[repo.Candidate]) -> Group:
+    def of(cls, candidates: list[repo.Candidate]) -> Ladder:
         by_minor: dict[tuple[str, str | None], list[repo.Candidate]] = {}
         by_device: dict[str, list[repo.Candidate]] = {}
         for c in candidates:
@@ -148,11 +151,12 @@ class Group:
                    gpus_except)
 
     def serve(self, shape: Mapping[str, int], device_key: str | None,
-              triton_version: str | None) -> repo.Served | None:
+              triton_version: str | None, timing: str = DEFAULT_TIMING) -> repo.Served | None:
         """``repo.serve_best`` over the few candidates it can choose for this caller: the
         ladder's first step with any row (the caller's device under its Triton minor, its
         device, other real GPUs), and of that step's rows only those of the exact shape or
-        of the nearest shape. Its answer is the one it gives over all candidates."""
+        of the nearest shape. Its answer is the one it gives over all candidates (all timed
+        ``timing``)."""
         key, logs = shape_key(shape), {d: math.log2(max(1, v)) for d, v in shape.items()}
         pools: list[Pool] = []
         if device_key and device_key in self.by_device:
@@ -161,7 +165,8 @@ class Group:
         for pool in pools:
             if pool.candidates:
                 return repo.serve_best(pool.nearest(key, logs), shape=shape,
-                                       device_key=device_key, triton_version=triton_version)
+                                       device_key=device_key, triton_version=triton_version,
+                                       timing=timing)
         return None
 
     def _same_minor(self, device_key: str, triton_version: str | None) -> Pool:
@@ -171,6 +176,33 @@ class Group:
         if minor is None:
             return self.by_device[device_key]
         return self.same_minor.get((device_key, minor)) or self.same_minor[(device_key, None)]
+
+
+@dataclass(frozen=True)
+class Group:
+    """The candidates of one (kernel, kernel version, dtype): a ``Ladder`` per timing
+    method."""
+
+    candidates: list[repo.Candidate]
+    by_timing: dict[str, Ladder]
+
+    @classmethod
+    def of(cls, candidates: list[repo.Candidate]) -> Group:
+        by_timing: dict[str, list[repo.Candidate]] = {}
+        for c in candidates:
+            by_timing.setdefault(c.timing, []).append(c)
+        return cls(candidates, {m: Ladder.of(rows) for m, rows in by_timing.items()})
+
+    def serve(self, shape: Mapping[str, int], device_key: str | None,
+              triton_version: str | None, timing: str = DEFAULT_TIMING) -> repo.Served | None:
+        """``repo.serve_timed``: the ladder of the configs timed ``timing``, unless another
+        method's matches better (its answer's row says which method)."""
+        def serve(method: str) -> repo.Served | None:
+            ladder = self.by_timing.get(method)
+            return None if ladder is None else ladder.serve(shape, device_key, triton_version,
+                                                            method)
+
+        return repo.serve_timed(serve, timing)
 
 
 @dataclass(frozen=True)
@@ -188,6 +220,7 @@ class DeferredMiss:
     limits: repo.MissLimits
     label: str | None
     may_queue: bool
+    timing: str = DEFAULT_TIMING
 
     def write(self, session: Session) -> str:
         """Record it (``repo.report_miss``) and commit; what became of it."""

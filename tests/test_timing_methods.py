@@ -1,10 +1,11 @@
 """Timing methods (issue 29, ``tuner/timing.py``): how every result was timed (eager-flushed,
 cuda-graph, eager-hot), chosen per job, carried to the measuring child, stored with every best
-as part of its identity; on SQLite and PostgreSQL. The GPU side (the three methods timing a
-real kernel) is tests/gpu/test_timing_methods.py."""
+as part of its identity, and asked for by lookups; on SQLite and PostgreSQL. The GPU side (the
+three methods timing a real kernel) is tests/gpu/test_timing_methods.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -20,13 +21,16 @@ from sqlalchemy import inspect, text
 from db import repo
 from db.engine import alembic_config, init_db, make_engine
 from search_spaces import get_kernel
-from tests.api_support import CONFIG, GPU, INTERPRETER, SHAPE, store
+from tests.api_support import CONFIG, GPU, INTERPRETER, SHAPE, config_params, store
 from tuner import gpu_timer
 from tuner.backends.child import ChildState, _time_fn
 from tuner.backends.replay import ReplayBackend, ReplayTableError, load_table, parse_table
+from tuner.client import TunerClient
 from tuner.config import KernelConfig
 from tuner.configs_file import ConfigsEntry, ConfigsFile, write_tuner, write_vllm
 from tuner.errors import InvalidRequest
+from tuner.identity import local_triton_version
+from tuner.timing import TIMING_METHODS as TIMINGS
 from tuner.worker import execute_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -318,3 +322,165 @@ def test_tuner_tune_timing_reaches_the_stored_best_and_export(tmp_path):
     assert _tuner("import", str(tmp_path / "out.json"), db=imported_db).returncode == 0
     with init_db(imported_db)() as s:
         assert [r.timing for r in repo.list_best(s)] == ["cuda-graph"]
+
+
+# -- lookups -----------------------------------------------------------------------------------
+
+def _lookup(client: Any, shape: dict[str, int], **params: str) -> Any:
+    return client.get("/api/v1/configs", params={**config_params(shape, GPU), **params})
+
+
+def test_a_lookup_is_served_the_config_timed_its_way_and_the_answer_says_how(api_client,
+                                                                           api_db_url):
+    store(api_db_url, CUBE, 0.02)
+    store(api_db_url, CUBE, 0.01, config=SMALL, timing="cuda-graph")
+    default = _lookup(api_client, CUBE).json()
+    assert default["config"] == CONFIG and default["timing"] == "eager-flushed"
+    assert default["match"] == "exact" and not default["timing_fallback"]
+    graph = _lookup(api_client, CUBE, timing="cuda-graph").json()
+    assert graph["config"] == SMALL and graph["timing"] == "cuda-graph"
+    assert graph["match"] == "exact" and not graph["timing_fallback"] and graph["ms"] == 0.01
+    bad = _lookup(api_client, CUBE, timing="graph")
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "timing"]
+
+
+def test_another_methods_config_is_a_labelled_fallback_only_where_it_matches_better(
+        api_client, api_db_url):
+    store(api_db_url, CUBE, 0.02)  # this shape: eager-flushed only
+    fallback = _lookup(api_client, CUBE, timing="cuda-graph").json()
+    assert fallback["match"] == "exact" and fallback["config"] == CONFIG
+    assert fallback["timing"] == "eager-flushed" and fallback["timing_fallback"]
+    # a nearer match timed the asked way does not lose to it; a worse one does
+    store(api_db_url, {"M": 128, "N": 64, "K": 64}, 0.01, config=SMALL, timing="cuda-graph")
+    near = {"M": 100, "N": 64, "K": 64}
+    assert _lookup(api_client, CUBE, timing="cuda-graph").json()["timing_fallback"]
+    nearest = _lookup(api_client, near, timing="cuda-graph").json()
+    assert nearest["match"] == "nearest" and nearest["timing"] == "cuda-graph"
+    assert not nearest["timing_fallback"] and nearest["config"] == SMALL
+    # the other way round: a default lookup falls back to a cuda-graph config, labelled
+    other = {"M": 256, "N": 256, "K": 256}
+    store(api_db_url, other, 0.03, config=SMALL, timing="cuda-graph")
+    labelled = _lookup(api_client, other).json()
+    assert labelled["match"] == "exact" and labelled["timing"] == "cuda-graph"
+    assert labelled["timing_fallback"]
+    default = _lookup(api_client, CUBE, dtype="bfloat16", timing="cuda-graph")
+    assert default.status_code == 404 and default.json()["match"] == "default"
+    assert default.json()["timing"] is None and not default.json()["timing_fallback"]
+
+
+def test_the_serving_index_answers_each_method_as_the_database_ladder(any_db_url):
+    from api.serving import ServingIndex
+
+    h100 = "cuda:NVIDIA H100 80GB HBM3:sm90"
+    rows = [(GPU, "eager-flushed", CUBE), (GPU, "cuda-graph", {"M": 128, "N": 64, "K": 64}),
+            (GPU, "eager-hot", {"M": 16, "N": 64, "K": 64}), (h100, "cuda-graph", CUBE),
+            (h100, "eager-flushed", {"M": 256, "N": 64, "K": 64})]
+    for i, (device, timing, shape) in enumerate(rows):
+        store(any_db_url, shape, 0.01 * (i + 1), device=device, timing=timing)
+    factory = init_db(any_db_url)
+    index = ServingIndex(factory, refresh_s=60)
+    version = get_kernel("matmul").version
+    with factory() as s:
+        candidates = repo.serving_candidates(s, kernel="matmul", kernel_version=version,
+                                             dtype="float16")
+    seen = set()
+    for m, device, timing in itertools.product((16, 64, 100, 128, 256, 1024),
+                                               (GPU, h100, None), TIMINGS):
+        shape = {"M": m, "N": 64, "K": 64}
+        expected = repo.serve_timed(lambda method, shape=shape, device=device: repo.serve_best(
+            candidates, shape=shape, device_key=device, triton_version="3.6.0",
+            timing=method), timing)
+        got = index.group("matmul", version, "float16").serve(shape, device, "3.6.0", timing)
+        assert got is not None and expected is not None
+        assert (got.match, got.row.id) == (expected.match, expected.row.id), (shape, device,
+                                                                              timing)
+        seen.add((got.match, got.row.timing == timing))
+    # answers timed the asked way and labelled fallbacks, exact and not
+    assert {("exact", True), ("exact", False), ("nearest", True)} <= seen
+
+
+def test_a_bulk_query_asks_per_item_and_a_fallback_is_a_miss_tuned_its_way(api_client,
+                                                                          api_db_url):
+    from tests.api_support import register_devices
+
+    register_devices(api_db_url, GPU)
+    store(api_db_url, CUBE, 0.02)
+    items = [{"kernel": "matmul", "dtype": "float16", "shape": CUBE, "device": GPU},
+             {"kernel": "matmul", "dtype": "float16", "shape": CUBE, "device": GPU,
+              "timing": "cuda-graph"}]
+    body = api_client.post("/api/v1/configs/query",
+                           json={"items": items, "report_misses": True}).json()
+    plain, graph = body["data"]
+    assert plain["timing"] == "eager-flushed" and plain["miss"] is None
+    assert graph["timing"] == "eager-flushed" and graph["timing_fallback"]
+    assert graph["miss"] == "queued"
+    [miss] = api_client.get("/api/v1/misses").json()["data"]
+    assert miss["timing"] == "cuda-graph"
+    job = api_client.get(miss["job_url"]).json()
+    assert job["timing"] == "cuda-graph" and job["device"] == GPU
+
+
+# -- clients -----------------------------------------------------------------------------------
+
+def test_the_client_asks_for_its_timing_and_takes_only_a_config_timed_that_way(api_client,
+                                                                              api_db_url,
+                                                                              monkeypatch):
+    here = local_triton_version() or ""  # what the client sends
+    store(api_db_url, CUBE, 0.02, triton_version=here)
+    transport = api_client._transport  # the app, in-process
+    graph = TunerClient("http://testserver", transport=transport, device=GPU,
+                        timing="cuda-graph")
+    assert graph.exact_config("matmul", CUBE, "float16") is None  # only a fallback
+    answer = graph.lookup("matmul", CUBE, "float16")
+    assert answer["match"] == "exact" and answer["timing_fallback"]
+    store(api_db_url, CUBE, 0.01, config=SMALL, timing="cuda-graph", triton_version=here)
+    fresh = TunerClient("http://testserver", transport=transport, device=GPU,
+                        timing="cuda-graph")
+    assert fresh.exact_config("matmul", CUBE, "float16") == (KernelConfig(SMALL), "service")
+    monkeypatch.setenv("TUNER_TIMING", "cuda-graph")
+    from_env = TunerClient("http://testserver", transport=transport, device=GPU)
+    assert from_env.timing == "cuda-graph"
+    assert from_env.best_config("matmul", CUBE, "float16") == KernelConfig(SMALL)
+    eager = from_env.exact_config("matmul", CUBE, "float16", timing="eager-flushed")
+    assert eager == (KernelConfig(CONFIG), "service")
+    monkeypatch.setenv("TUNER_TIMING", "graphs")
+    with pytest.raises(InvalidRequest, match="TUNER_TIMING"):
+        TunerClient("http://testserver", transport=transport)
+
+
+def test_autotune_chooses_by_its_timing(api_client, api_db_url, monkeypatch):
+    import tuner
+
+    store(api_db_url, CUBE, 0.01, config=SMALL, timing="cuda-graph",
+          triton_version=local_triton_version() or "")
+    client = TunerClient("http://testserver", transport=api_client._transport, device=GPU)
+    tuner.configure(client=client)
+    try:
+        seen: list[str | None] = []
+        real = client.exact_config
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs.get("timing"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(client, "exact_config", spy)
+        for timing in ("cuda-graph", None):
+            kernel = tuner.autotune(configs=[], key=["M", "N", "K"], name="matmul",
+                                    timing=timing)(_jit())
+            kernel.version = get_kernel("matmul").version
+            found = kernel.config_for(("float16", tuple(sorted(CUBE.items()))))
+            assert found == (KernelConfig(SMALL) if timing else None)
+        assert seen == ["cuda-graph", None]
+    finally:
+        tuner.configure(client=None)
+
+
+def _jit() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, M, N, K, BLOCK_M: tl.constexpr):
+        pass
+
+    return kernel

@@ -20,6 +20,9 @@ its dtype) it uses, in order:
 Only an exact answer (this GPU model, this kernel source, this Triton minor) is used; a launch
 never fails because the service is slow or down. ``sources`` says where each key's config came
 from (``file``, ``service``, ``triton``).
+
+Exact also means timed the kernel's way (``timing``: ``TUNER_TIMING``, default ``eager-flushed``;
+``cuda-graph`` for a kernel that runs in CUDA graphs, as a serving engine's decode step does).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tuner.errors import InvalidRequest
 from tuner.launching import Hooks, Problem, ProblemFn, launch_kwargs, unwrap
 from tuner.settings import ClientSettings
 from tuner.shapes import shape_key
+from tuner.timing import DEFAULT_TIMING, check_timing
 from tuner.user_kernel import arg_names, config_from_triton, space_from_configs, user_version
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,7 @@ class _Options:
     configs_file: str | None = None
     deadline_s: float = 2.0
     report_misses: bool = True
+    timing: str = DEFAULT_TIMING
 
 
 _options: _Options | None = None
@@ -67,14 +72,16 @@ def _from_env() -> _Options:
     env = ClientSettings()
     return _Options(url=env.url or None, api_key=env.api_key or None,
                     configs_file=env.configs_file or None, deadline_s=env.lookup_deadline_s,
-                    report_misses=env.report_misses)
+                    report_misses=env.report_misses, timing=env.timing)
 
 
 def configure(*, url: str | None = None, api_key: str | None = None,
               configs_file: str | None = None, deadline_s: float | None = None,
-              report_misses: bool | None = None, client: TunerClient | None = None) -> None:
+              report_misses: bool | None = None, client: TunerClient | None = None,
+              timing: str | None = None) -> None:
     """Where decorated kernels look configs up (overrides the ``TUNER_*`` environment).
-    ``client``: a ready TunerClient (tests pass one with an in-process transport)."""
+    ``client``: a ready TunerClient (tests pass one with an in-process transport); ``timing``:
+    the method kernels without their own choose configs by."""
     global _options, _client
     with _state_lock:
         options = _options or _from_env()
@@ -88,6 +95,8 @@ def configure(*, url: str | None = None, api_key: str | None = None,
             options.deadline_s = deadline_s
         if report_misses is not None:
             options.report_misses = report_misses
+        if timing is not None:
+            options.timing = check_timing(timing)
         _options, _client = options, client
 
 
@@ -100,7 +109,7 @@ def shared_client() -> TunerClient:
             _client = TunerClient(options.url, api_key=options.api_key,
                                   timeout=options.deadline_s,
                                   configs_file=options.configs_file,
-                                  report_misses=options.report_misses)
+                                  report_misses=options.report_misses, timing=options.timing)
         return _client
 
 
@@ -123,9 +132,11 @@ class Autotuned:
 
     def __init__(self, fn: Any, configs: Sequence[Any], key: Sequence[str], name: str,
                  triton_options: dict[str, Any], problem: ProblemFn | None = None,
-                 dtype_arg: str | None = None) -> None:
+                 dtype_arg: str | None = None, timing: str | None = None) -> None:
         self.fn = fn
         self.name = name
+        #: the timing method its configs are chosen by (None: the shared client's)
+        self.timing = check_timing(timing) if timing is not None else None
         self.configs = list(configs)
         self.key = list(key)
         self.arg_names = arg_names(fn)
@@ -176,7 +187,8 @@ class Autotuned:
     def prefetch(self, shapes: Sequence[Mapping[str, int]], dtype: str) -> int:
         """Ask the service for many shapes in one request (at model start-up); returns how
         many it answered. Later launches of these shapes need no request."""
-        return shared_client().prefetch(self.name, shapes, dtype, kernel_version=self.version)
+        return shared_client().prefetch(self.name, shapes, dtype, kernel_version=self.version,
+                                        timing=self.timing)
 
     def config_for(self, problem: ProblemKey) -> KernelConfig | None:
         """The tuned config for ``problem`` from the file or the service (None: Triton's own
@@ -186,7 +198,7 @@ class Autotuned:
                 return self._chosen[problem]
         dtype, items = problem
         found = shared_client().exact_config(self.name, dict(items), dtype,
-                                             kernel_version=self.version)
+                                             kernel_version=self.version, timing=self.timing)
         config, source = found if found else (None, "triton")
         with self._lock:
             self._chosen[problem] = config
@@ -274,11 +286,13 @@ def _version(fn: Any, configs: Sequence[Any]) -> str:
 
 def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str,
              problem: ProblemFn | None = None, dtype_arg: str | None = None,
-             **triton_options: Any) -> Any:
+             timing: str | None = None, **triton_options: Any) -> Any:
     """``@triton.autotune`` plus the kernel's name: see the module docstring. ``problem``:
     ``args -> {dimension: value}`` where the problem has dimensions beyond the key (batch,
     heads, causality); ``dtype_arg``: the argument whose dtype is the problem's (default: the
-    first tensor). Every other keyword (``prune_configs_by``, ``reset_to_zero``,
+    first tensor); ``timing``: the timing method its configs are chosen by (``cuda-graph``
+    where it runs in CUDA graphs; default ``TUNER_TIMING``, else ``eager-flushed``). Every
+    other keyword (``prune_configs_by``, ``reset_to_zero``,
     ``restore_value``, ``do_bench``, ...) is passed to Triton's autotuner, which decides when
     neither the file nor the service has an exact config."""
 
@@ -286,6 +300,6 @@ def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str,
         unwrap(fn)  # fail now, not at the first launch, if this is not a Triton kernel
         for config in configs:
             config_from_triton(config)
-        return Autotuned(fn, configs, key, name, triton_options, problem, dtype_arg)
+        return Autotuned(fn, configs, key, name, triton_options, problem, dtype_arg, timing)
 
     return decorator

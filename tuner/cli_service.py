@@ -108,7 +108,7 @@ def submit(args: argparse.Namespace) -> int:
         created = client.submit_job(
             args.kernel, shapes, args.dtype, trials=args.trials, seconds=args.seconds,
             strategy=args.strategy, force=args.force, device=args.device, seed=args.seed,
-            backend=args.backend)
+            backend=args.backend, timing=args.timing)
         page = job_page(client.base_url or "", created["id"])
         if args.json and not args.wait:
             print(json.dumps({**created, "dashboard_url": page}))

@@ -19,6 +19,10 @@ them only for a read-write ``api_key``; others' misses are recorded, answered ``
 
 Lookup order: ``configs_file`` (an exported file: exact identity only) -> this process's answers
 from the service -> the service -> ``cache_file`` -> the kernel's default.
+
+Timing: lookups ask for configs timed with the client's ``timing`` (``tuner/timing.py``; default
+``TUNER_TIMING``, else ``eager-flushed``): ``cuda-graph`` where the kernels run in CUDA graphs
+(a serving engine's decode step). ``exact_config`` takes only a config timed that way.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tuner.config import KernelConfig
 from tuner.identity import local_device_key, local_triton_version
 from tuner.lifecycle import TERMINAL
 from tuner.shapes import shape_key
+from tuner.timing import DEFAULT_TIMING, check_timing, timing_from_env
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +181,8 @@ class TunerClient:
                  timeout: float = 5.0, transport: httpx.BaseTransport | None = None,
                  cache_file: str | Path | None = None, retry_after_s: float = 30.0, *,
                  configs_file: str | Path | None = None, device: str | None = AUTO,
-                 report_misses: bool = False, client_name: str | None = None) -> None:
+                 report_misses: bool = False, client_name: str | None = None,
+                 timing: str | None = None) -> None:
         headers = {"X-API-Key": api_key} if api_key else {}
         self.base_url = base_url.rstrip("/") if base_url else None
         self._http = httpx.Client(base_url=self.base_url or "http://service.invalid",
@@ -187,6 +193,8 @@ class TunerClient:
         self.retry_after_s = retry_after_s
         self.report_misses = report_misses
         self.client_name = client_name or socket.gethostname()
+        #: the timing method lookups ask for unless one is named (InvalidRequest: unknown)
+        self.timing = check_timing(timing) if timing else timing_from_env()
         self._device = device
         self._triton_version: str | None = None
         self._answers: dict[str, dict[str, Any]] = {}
@@ -214,70 +222,81 @@ class TunerClient:
     # -- lookups (never raise for a known kernel) ---------------------------------------------
 
     def _key(self, kernel: str, shape: Mapping[str, int], dtype: str, device: str | None,
-             kernel_version: str | None = None) -> str:
+             kernel_version: str | None = None, timing: str = DEFAULT_TIMING) -> str:
         version = f"@{kernel_version}" if kernel_version else ""
-        return f"{kernel}{version}|{dtype}|{device or '*'}|{shape_key(shape)}"
+        method = "" if timing == DEFAULT_TIMING else f"|{timing}"  # older cache files' keys
+        return f"{kernel}{version}|{dtype}|{device or '*'}|{shape_key(shape)}{method}"
 
     def best_config(self, kernel: str, shape: Mapping[str, int], dtype: str,
                     device: str | None = None,
-                    kernel_version: str | None = None) -> KernelConfig:
+                    kernel_version: str | None = None,
+                    timing: str | None = None) -> KernelConfig:
         """The tuned config (exact, or the service's labelled fallback), else the kernel's
-        default."""
-        device = device or self.device
-        key = self._key(kernel, shape, dtype, device, kernel_version)
-        in_file = self._file_entry(kernel, shape, dtype, device, kernel_version) is not None
+        default. ``timing``: the method to choose by (default: the client's)."""
+        device, timing = device or self.device, timing or self.timing
+        key = self._key(kernel, shape, dtype, device, kernel_version, timing)
+        in_file = self._file_entry(kernel, shape, dtype, device, kernel_version,
+                                   timing) is not None
         if not in_file and key not in self._answers:
-            self.prefetch(kernel, [shape], dtype, device, kernel_version)
-        answer = self.lookup(kernel, shape, dtype, device, kernel_version)
+            self.prefetch(kernel, [shape], dtype, device, kernel_version, timing)
+        answer = self.lookup(kernel, shape, dtype, device, kernel_version, timing)
         config = _config_of(answer)
         return config if config is not None else default_config(kernel, shape, dtype)
 
     def exact_config(self, kernel: str, shape: Mapping[str, int], dtype: str, *,
-                     kernel_version: str | None = None
+                     kernel_version: str | None = None, timing: str | None = None
                      ) -> tuple[KernelConfig, str] | None:
-        """A config tuned for exactly this device, kernel source and Triton minor, and where
-        it came from (``"file"`` or ``"service"``); None when neither has one (what
-        ``tuner.autotune`` asks before falling back to Triton's own autotuning)."""
-        entry = self._file_entry(kernel, shape, dtype, self.device, kernel_version)
+        """A config tuned for exactly this device, kernel source and Triton minor and timed
+        with ``timing`` (default: the client's), and where it came from (``"file"`` or
+        ``"service"``); None when neither has one (what ``tuner.autotune`` asks before falling
+        back to Triton's own autotuning)."""
+        timing = timing or self.timing
+        entry = self._file_entry(kernel, shape, dtype, self.device, kernel_version, timing)
         if entry is not None:
             return entry["config"], "file"
-        key = self._key(kernel, shape, dtype, self.device, kernel_version)
+        key = self._key(kernel, shape, dtype, self.device, kernel_version, timing)
         if key not in self._answers:
-            self.prefetch(kernel, [shape], dtype, None, kernel_version)
+            self.prefetch(kernel, [shape], dtype, None, kernel_version, timing)
         answer = self._answers.get(key)
         config = _config_of(answer)
-        if answer is not None and answer.get("match") == "exact" and config is not None:
+        if answer is not None and answer.get("match") == "exact" and config is not None \
+                and not answer.get("timing_fallback"):
             return config, "service"
         return None
 
     def lookup(self, kernel: str, shape: Mapping[str, int], dtype: str,
                device: str | None = None,
-               kernel_version: str | None = None) -> dict[str, Any] | None:
-        """The full answer (match, ms, ...) from the configs file, this process's answers or
-        the cache file, if known; never contacts the service."""
-        device = device or self.device
-        entry = self._file_entry(kernel, shape, dtype, device, kernel_version)
+               kernel_version: str | None = None,
+               timing: str | None = None) -> dict[str, Any] | None:
+        """The full answer (match, ms, timing, ...) from the configs file, this process's
+        answers or the cache file, if known; never contacts the service."""
+        device, timing = device or self.device, timing or self.timing
+        entry = self._file_entry(kernel, shape, dtype, device, kernel_version, timing)
         if entry is not None:
             return entry
-        key = self._key(kernel, shape, dtype, device, kernel_version)
+        key = self._key(kernel, shape, dtype, device, kernel_version, timing)
         return self._answers.get(key) or self._saved_answers().get(key)
 
     def prefetch(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str,
-                 device: str | None = None, kernel_version: str | None = None) -> int:
+                 device: str | None = None, kernel_version: str | None = None,
+                 timing: str | None = None) -> int:
         """Fetch many shapes in one request; returns how many the service answered (0 when it
         could not be asked: then lookups use the files or defaults)."""
         if self.base_url is None or time.monotonic() < self._down_until:
             return 0
-        device = device or self.device
+        device, timing = device or self.device, timing or self.timing
         version = kernel_version or local_kernel_version(kernel)
+        # the default method is not named: a service older than timing methods answers too
+        method = {} if timing == DEFAULT_TIMING else {"timing": timing}
         items = [{"kernel": kernel, "dtype": dtype, "shape": dict(s), "device": device,
-                  "kernel_version": version, "triton_version": self.triton_version}
+                  "kernel_version": version, "triton_version": self.triton_version, **method}
                  for s in shapes]
         data = self._query(items)
         if data is None:
             return 0
         for shape, answer in zip(shapes, data, strict=True):
-            self._answers[self._key(kernel, shape, dtype, device, kernel_version)] = answer
+            self._answers[self._key(kernel, shape, dtype, device, kernel_version,
+                                    timing)] = answer
         self._save_cache()
         return len(data)
 
@@ -331,8 +350,9 @@ class TunerClient:
             self._warned = True
 
     def _file_entry(self, kernel: str, shape: Mapping[str, int], dtype: str,
-                    device: str | None, kernel_version: str | None) -> dict[str, Any] | None:
-        """The exported file's exact entry as an answer, if the file has one."""
+                    device: str | None, kernel_version: str | None,
+                    timing: str = DEFAULT_TIMING) -> dict[str, Any] | None:
+        """The exported file's exact entry (timed ``timing``) as an answer, if it has one."""
         if self.configs_file is None or device is None:
             return None
         with self._lock:
@@ -342,13 +362,14 @@ class TunerClient:
             return None
         entry = self._file.lookup(kernel, dtype, shape, device=device,
                                   kernel_version=kernel_version or local_kernel_version(kernel),
-                                  triton_version=self.triton_version)
+                                  triton_version=self.triton_version, timing=timing)
         if entry is None:
             return None
         return {"match": "exact", "source": "file", "kernel": kernel, "dtype": dtype,
                 "shape": dict(shape), "device": entry.device, "config": entry.config,
                 "ms": entry.ms, "kernel_version": entry.kernel_version,
-                "triton_version": entry.triton_version}
+                "triton_version": entry.triton_version, "timing": entry.timing,
+                "timing_fallback": False}
 
     def _load_configs_file(self) -> Any:
         from tuner.configs_file import ConfigsFile
@@ -422,22 +443,28 @@ class TunerClient:
 
     def submit(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str,
                trials: int = 48, seconds: float | None = None, strategy: str = "auto",
-               force: bool = False, device: str | None = None) -> str:
+               force: bool = False, device: str | None = None,
+               timing: str | None = None) -> str:
         """Queue a tuning job; returns its id (an identical active job's id when there is
         one)."""
         return str(self.submit_job(kernel, shapes, dtype, trials=trials, seconds=seconds,
-                                   strategy=strategy, force=force, device=device)["id"])
+                                   strategy=strategy, force=force, device=device,
+                                   timing=timing)["id"])
 
     def submit_job(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str, *,
                    trials: int = 48, seconds: float | None = None, strategy: str = "auto",
                    force: bool = False, device: str | None = None, seed: int = 0,
-                   backend: str = "auto") -> dict[str, Any]:
-        """Queue a tuning job; the service's answer: ``id``, ``status``, ``url``,
-        ``deduplicated`` (an identical active job was returned) and ``answered_from_store``
-        (shapes already tuned, answered at once)."""
-        body = {"kernel": kernel, "dtype": dtype, "shapes": [dict(s) for s in shapes],
-                "budget": {"trials": trials, "seconds": seconds}, "strategy": strategy,
-                "force": force, "device": device, "seed": seed, "backend": backend}
+                   backend: str = "auto", timing: str | None = None) -> dict[str, Any]:
+        """Queue a tuning job timed with ``timing`` (default: the client's); the service's
+        answer: ``id``, ``status``, ``url``, ``deduplicated`` (an identical active job was
+        returned) and ``answered_from_store`` (shapes already tuned, answered at once)."""
+        timing = timing or self.timing
+        body: dict[str, Any] = {
+            "kernel": kernel, "dtype": dtype, "shapes": [dict(s) for s in shapes],
+            "budget": {"trials": trials, "seconds": seconds}, "strategy": strategy,
+            "force": force, "device": device, "seed": seed, "backend": backend}
+        if timing != DEFAULT_TIMING:  # unnamed, an older service takes the body too
+            body["timing"] = timing
         return self._request("POST", "/api/v1/jobs", json=body)
 
     def job(self, job_id: str) -> dict[str, Any]:

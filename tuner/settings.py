@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -277,3 +277,6 @@ class ClientSettings(BaseSettings):
     lookup_deadline_s: float = Field(default=2.0, gt=0, le=600)
     #: ask the service to tune shapes it could not answer exactly (for the next start-up)
     report_misses: bool = True
+    #: the timing method configs are chosen by (``tuner/timing.py``): ``cuda-graph`` where the
+    #: kernels run in CUDA graphs
+    timing: Literal["eager-flushed", "cuda-graph", "eager-hot"] = "eager-flushed"

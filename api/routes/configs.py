@@ -35,6 +35,7 @@ from api.schemas import (
     StaleConfigPublic,
     StaleConfigsPublic,
     StaleReason,
+    Timing,
 )
 from api.serving import (
     DATABASE_UNAVAILABLE,
@@ -52,12 +53,13 @@ from tuner.errors import InvalidRequest
 from tuner.identity import local_triton_version
 from tuner.kernel import TunableKernel, verification_of
 from tuner.settings import Settings
+from tuner.timing import DEFAULT_TIMING
 
 router = APIRouter(prefix="/configs", tags=["configs"])
 IndexDep = Annotated[ServingIndex, Depends(serving_index)]
 
 #: query parameters of GET /configs that are not problem dimensions
-_NON_DIMS = {"kernel", "dtype", "device", "kernel_version", "triton_version"}
+_NON_DIMS = {"kernel", "dtype", "device", "kernel_version", "triton_version", "timing"}
 
 #: the example lookup of the OpenAPI document: /docs's "Try it out" starts from it
 _EXAMPLE_KERNEL, _EXAMPLE_DIM = "matmul", 4096
@@ -104,13 +106,14 @@ def document_dimensions(openapi: dict[str, Any]) -> None:
 
 
 def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
-            shape: dict[str, int]) -> ConfigPublic:
+            shape: dict[str, int], timing: str = DEFAULT_TIMING) -> ConfigPublic:
     row = served.row
     distance = None if served.match == "exact" else round(served.distance, 4)
     return ConfigPublic(match=cast(Match, served.match), kernel=kernel.name, dtype=dtype,
                         shape=shape, device=row.device_key, config=row.config, ms=row.p50_ms,
                         tflops=row.tflops, tuned_shape=row.shape, distance=distance,
                         kernel_version=row.kernel_version, triton_version=row.triton_version,
+                        timing=cast(Timing, row.timing), timing_fallback=row.timing != timing,
                         verification=verification_of(kernel),
                         basis=cast(Basis | None, row.basis if row.basis in BASES else None),
                         default_ms=row.default_ms, search_ms=row.search_ms,
@@ -134,22 +137,25 @@ class Lookup:
         return kernel.name, kernel_version or self.registered_version(kernel), dtype
 
     def answer(self, kernel: TunableKernel, dtype: str, shape: dict[str, int], device: str | None,
-               kernel_version: str | None, triton_version: str | None) -> ConfigPublic:
+               kernel_version: str | None, triton_version: str | None,
+               timing: str = DEFAULT_TIMING) -> ConfigPublic:
         key = self.key(kernel, dtype, kernel_version)
         group = self._groups.get(key)
         if group is None:
             group, from_memory = self.index.lookup(*key)
             self._groups[key] = group
             self.from_memory |= from_memory
-        return answer_from(group, kernel, dtype, shape, device, triton_version)
+        return answer_from(group, kernel, dtype, shape, device, triton_version, timing)
 
 
 def answer_from(group: Group, kernel: TunableKernel, dtype: str, shape: dict[str, int],
-                device: str | None, triton_version: str | None) -> ConfigPublic:
-    """The answer to one lookup from its (kernel, kernel version, dtype)'s candidates."""
-    served = group.serve(shape, device, triton_version)
+                device: str | None, triton_version: str | None,
+                timing: str = DEFAULT_TIMING) -> ConfigPublic:
+    """The answer to one lookup from its (kernel, kernel version, dtype)'s candidates, for a
+    caller who wants configs timed ``timing`` (``repo.serve_timed``)."""
+    served = group.serve(shape, device, triton_version, timing)
     if served is not None:
-        return _public(served, kernel, dtype, shape)
+        return _public(served, kernel, dtype, shape, timing)
     default = kernel.default_config(shape, dtype).to_dict()
     return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
                         device=device, config=default, verification=verification_of(kernel))
@@ -188,6 +194,9 @@ async def get_config(request: Request, response: Response, index: IndexDep,
                triton_version: str | None = Query(None, min_length=1, max_length=VERSION_MAX,
                                                   openapi_examples=_example("3.6.0"),
                                                   description="the caller's Triton version"),
+               timing: Annotated[Timing, Query(
+                   description="the timing method to choose configs by (eager-flushed, "
+                               "cuda-graph, eager-hot)")] = "eager-flushed",
                ) -> Any:
     """The best config for the caller's kernel, dtype and identity, and the shape given as one
     query parameter per dimension (the kernel's, from GET /kernels), e.g.
@@ -209,6 +218,13 @@ async def get_config(request: Request, response: Response, index: IndexDep,
     Without ``device`` the caller's GPU is unknown: ``other-device`` at best. A config tuned
     for another ``kernel_version`` (default: the kernel registered here) is never served.
 
+    ``timing`` (default ``eager-flushed``) picks the configs timed that way (``cuda-graph``:
+    replayed in a CUDA graph, as serving engines run decode-time kernels; ``eager-hot``:
+    eager, no L2 flush); the answer's ``timing`` says how the served config was timed. Where
+    no config timed the asked way matches as well as one timed another way (the exact shape
+    on the caller's device timed ``eager-flushed`` against a nearest shape timed
+    ``cuda-graph``), the better match is served, labelled ``timing_fallback: true``.
+
     While the database is unreachable the answer comes from this process's memory (the
     configs as last loaded) with ``X-Tuner-Database: unavailable``; a kernel version and dtype
     never loaded is a 503 that says so.
@@ -227,7 +243,7 @@ async def get_config(request: Request, response: Response, index: IndexDep,
         found = await run_in_threadpool(index.lookup, *key)
     group, from_memory = found
     headers = DATABASE_UNAVAILABLE if from_memory else None
-    result = answer_from(group, k, dtype, shape, device, triton_version)
+    result = answer_from(group, k, dtype, shape, device, triton_version, timing)
     if result.match == "default":
         return JSONResponse(result.model_dump(), status_code=404, headers=headers)
     if headers:
@@ -258,9 +274,12 @@ def query_configs(body: ConfigQuery, request: Request, response: Response, sessi
     each matched to the item's ``device``, ``kernel_version`` and ``triton_version`` as
     GET /configs does (``exact``, ``nearest``, ``other-triton``, ``other-device``, or
     ``default``: never a 404). At most 4,096 items (more: a 422 naming ``items``). A malformed
-    item is a 422 naming it (``["body", "items", i, ...]``), and then nothing is recorded.
+    item is a 422 naming it (``["body", "items", i, ...]``), and then nothing is recorded. Each
+    item's ``timing`` picks configs as GET /configs's does (``timing_fallback``: timed another
+    way).
 
-    With ``report_misses``, every item not answered ``exact`` is recorded as a miss
+    With ``report_misses``, every item not answered ``exact`` (or answered with a config
+    timed another way than it asked: ``timing_fallback``) is recorded as a miss
     (GET /misses) and, when it can be, queued once as a tuning job on the caller's ``device``;
     its answer's ``miss`` says what became of it: ``queued`` (a job was created now),
     ``pending`` (its job is queued or running), ``tuned`` (its job succeeded), ``failed`` (its
@@ -287,14 +306,14 @@ def query_configs(body: ConfigQuery, request: Request, response: Response, sessi
     data = []
     for item, (k, shape) in zip(body.items, _checked(body.items), strict=True):
         answer = lookup.answer(k, item.dtype, shape, item.device, item.kernel_version,
-                               item.triton_version)
-        if body.report_misses and answer.match != "exact":
+                               item.triton_version, item.timing)
+        if body.report_misses and (answer.match != "exact" or answer.timing_fallback):
             answer.miss = cast(MissOutcome, index.report_miss(session, DeferredMiss(
                 device_key=item.device, kernel=k.name,
                 kernel_version=item.kernel_version or lookup.registered_version(k),
                 registered_version=lookup.registered_version(k),
                 dtype=item.dtype, shape=shape, client=client, limits=_limits(settings),
-                label=body.client, may_queue=may_queue)))
+                label=body.client, may_queue=may_queue, timing=item.timing)))
         data.append(answer)
     if lookup.from_memory or any(answer.miss == "deferred" for answer in data):
         response.headers.update(DATABASE_UNAVAILABLE)
@@ -316,14 +335,15 @@ def stale_public(stale: views.StaleBest) -> StaleConfigPublic:
         budget = {"trials": stale.budget_trials} if stale.budget_trials else {}
         retune = JobCreate.model_validate({"kernel": row.kernel, "dtype": row.dtype,
                                            "shapes": [row.shape], "device": row.device_key,
-                                           "force": True, "budget": budget})
+                                           "force": True, "budget": budget,
+                                           "timing": row.timing})
     return StaleConfigPublic(
         id=row.id, kernel=row.kernel, dtype=row.dtype, shape=row.shape, device=row.device_key,
         config=row.config, ms=row.p50_ms, measured=row.measured,
         kernel_version=row.kernel_version, current_kernel_version=stale.current_kernel_version,
         triton_version=row.triton_version, current_triton_version=stale.current_triton_version,
         reasons=cast(list[StaleReason], list(stale.reasons)), updated_at=row.updated_at,
-        retune=retune)
+        retune=retune, timing=cast(Timing, row.timing))
 
 
 def find_stale(session: Session, kernel: str | None = None) -> list[views.StaleBest]:

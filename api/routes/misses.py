@@ -3,13 +3,13 @@ POST /configs/query), with what became of each."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Query
 
 from api.deps import ReadAccess, SessionDep
 from api.routes.jobs import job_url
-from api.schemas import INT32_MAX, MissesPublic, MissPublic, MissStatus
+from api.schemas import INT32_MAX, MissesPublic, MissPublic, MissStatus, Timing
 from db import repo
 from db.models import Miss
 
@@ -22,7 +22,8 @@ def miss_public(miss: Miss) -> MissPublic:
                       count=miss.count, first_seen_at=miss.first_seen_at,
                       last_seen_at=miss.last_seen_at, last_client=miss.last_client,
                       status=miss.status, job_id=miss.job_id,
-                      job_url=job_url(miss.job_id) if miss.job_id else None, note=miss.note)
+                      job_url=job_url(miss.job_id) if miss.job_id else None, note=miss.note,
+                      timing=cast(Timing, miss.timing))
 
 
 @router.get("", response_model=MissesPublic, dependencies=[ReadAccess])

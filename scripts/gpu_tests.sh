@@ -3,7 +3,7 @@
 # with the GPUs' state (clocks, power, temperature, throttle reasons, processes) before and
 # after. All output goes to OUT_DIR/gpu_tests.txt; the exit status is pytest's.
 #
-#   scripts/gpu_tests.sh OUT_DIR
+#   scripts/gpu_tests.sh OUT_DIR [TEST ...]   # default: all of tests/gpu
 #
 # Needs python3 (PYTHON=...) with the CUDA builds of torch and triton, pytest and pytest-timeout
 # (all in the device machine's image), nvidia-smi, and the project's other packages: optuna,
@@ -14,7 +14,10 @@
 # Takes ~2-4 minutes on an H200 (small shapes, few trials).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: scripts/gpu_tests.sh OUT_DIR}
+OUT=${1:?usage: scripts/gpu_tests.sh OUT_DIR [TEST ...]}
+shift
+TESTS=("$@")
+[ ${#TESTS[@]} -eq 0 ] && TESTS=(tests/gpu)
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_tests.txt") 2>&1
@@ -35,7 +38,7 @@ gpu_state() {
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
 }
 
-echo "== $(date -u +%FT%TZ) $PY -m pytest -m gpu tests/gpu -q -rA"
+echo "== $(date -u +%FT%TZ) $PY -m pytest -m gpu ${TESTS[*]} -q -rA"
 echo "git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
 "$PY" -c 'import sys, torch, triton; print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")'
 nvidia-smi -L
@@ -43,7 +46,7 @@ echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}"
 echo "== GPU state before"
 gpu_state
 start=$(date +%s)
-"$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider --durations=0
+"$PY" -m pytest -m gpu "${TESTS[@]}" -q -rA -p no:cacheprovider --durations=0
 status=$?
 echo "== GPU state after ($(( $(date +%s) - start )) s; pytest exit status $status)"
 gpu_state

@@ -484,3 +484,111 @@ def _jit() -> Any:
         pass
 
     return kernel
+
+
+# -- gpu_timer's graph timing, against a simulated GPU (tests/gpu times a real one) ------------
+
+class _SimulatedCuda:
+    """torch.cuda as do_bench_graph uses it, over a clock that launches advance: an eager
+    launch costs ``gap`` + ``kernel`` ms, a launch replayed from a graph ``kernel`` alone."""
+
+    def __init__(self, kernel: float, gap: float) -> None:
+        self.kernel, self.gap, self.now = kernel, gap, 0.0
+        self.capturing: list[int] | None = None
+        self.captured: list[int] = []
+        self.replays = 0
+        sim = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.at = 0.0
+
+            def record(self) -> None:
+                self.at = sim.now
+
+            def elapsed_time(self, end: Any) -> float:
+                return float(end.at - self.at)
+
+        class Graph:
+            def __init__(self) -> None:
+                self.launches = 0
+
+            def replay(self) -> None:
+                sim.replays += 1
+                sim.now += self.launches * sim.kernel
+
+            def reset(self) -> None:
+                self.launches = 0
+
+        class Capture:
+            def __init__(self, graph: Graph) -> None:
+                self.graph = graph
+
+            def __enter__(self) -> None:
+                sim.capturing = []
+
+            def __exit__(self, *exc: Any) -> None:
+                self.graph.launches = len(sim.capturing or [])
+                sim.captured.append(self.graph.launches)
+                sim.capturing = None
+
+        class Stream:
+            def wait_stream(self, _other: Any) -> None:
+                pass
+
+        self.Event, self.CUDAGraph, self.graph, self.Stream = Event, Graph, Capture, Stream
+        self.current_stream = Stream
+        self.synchronize = lambda: None
+
+    def stream(self, _s: Any) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _sleep(self, _cycles: int) -> None:  # the spin before an eager run: not timed
+        pass
+
+    def launch(self) -> None:
+        if self.capturing is not None:
+            self.capturing.append(1)
+        else:
+            self.now += self.gap + self.kernel
+
+
+def test_graph_timing_is_a_replay_of_n_captured_launches_divided_by_n(monkeypatch):
+    import torch
+
+    sim = _SimulatedCuda(kernel=0.004, gap=0.006)
+    monkeypatch.setattr(torch, "cuda", sim)
+    p20, p50, p80 = gpu_timer.do_bench_graph(sim.launch, warmup=1.0, rep=40.0)
+    # per launch: the kernel alone, without the eager launches' gap
+    assert p20 == pytest.approx(0.004) and p50 == pytest.approx(0.004)
+    assert p80 == pytest.approx(0.004)
+    # the graph holds as many launches as a twentieth of rep takes at the eager estimate
+    assert sim.captured == [gpu_timer.graph_launches(0.010, 40.0)]
+    assert sim.replays > gpu_timer.GRAPH_REPLAYS  # the upload, the warm-up, the timed ones
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_eager_hot_is_eager_flushed_without_the_flush(monkeypatch, flush: bool):
+    import torch
+
+    sim = _SimulatedCuda(kernel=0.004, gap=0.006)
+    flushes: list[float] = []
+
+    class Cache:
+        def zero_(self) -> None:
+            flushes.append(sim.now)
+            sim.now += 0.06  # a 256 MB memset
+
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "cuda", sim)
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: Cache() if k.get("device") == "cuda"
+                        else real_empty(*a, **k))
+    p20, p50, _ = gpu_timer.do_bench(sim.launch, warmup=1.0, rep=2.0, flush=flush)
+    assert p20 == pytest.approx(0.010) and p50 == pytest.approx(0.010)  # the flush not timed
+    assert bool(flushes) is flush
+    flushes.clear()  # and bench times each method so
+    method = "eager-flushed" if flush else "eager-hot"
+    assert gpu_timer.bench(method, sim.launch, warmup=1.0, rep=2.0)[1] == pytest.approx(0.010)
+    assert bool(flushes) is flush

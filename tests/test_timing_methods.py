@@ -271,6 +271,33 @@ def test_the_migration_keeps_every_stored_result_as_eager_flushed_and_goes_down(
     engine.dispose()
 
 
+def test_a_task_that_gives_up_keeps_its_fastest_trial_under_its_method(any_db_url):
+    factory = init_db(any_db_url)
+    with factory() as s:
+        repo.upsert_device(s, {"key": GPU, "kind": "cuda", "name": "NVIDIA H200",
+                               "triton_version": "3.6.0"})
+        s.commit()
+    task_id = _queue(factory, "matmul", CUBE, "float16", "cuda-graph")
+    with factory() as s:
+        repo.set_task_device(s, task_id, GPU, "cuda-graph")
+        repo.record_trial(s, task_id, 1, {"config": SMALL, "p50_ms": 0.5, "outcome": "ok"})
+        repo.finish_task(s, task_id, "failed", error="the device died")
+        s.commit()
+        [best] = repo.list_best(s, kernel="matmul")
+        assert (best.config, best.timing) == (SMALL, "cuda-graph")
+
+
+def test_a_stale_best_is_listed_per_method_with_a_retune_of_its_method(api_client,
+                                                                       api_db_url):
+    here = local_triton_version() or ""  # the device's Triton where none is registered
+    store(api_db_url, CUBE, 0.01, config=SMALL, timing="cuda-graph", kernel_version="0ld",
+          triton_version=here)
+    store(api_db_url, CUBE, 0.02, triton_version=here)  # the current code's, eager-flushed
+    [stale] = api_client.get("/api/v1/configs/stale").json()["data"]
+    assert stale["timing"] == "cuda-graph" and stale["reasons"] == ["kernel-version"]
+    assert stale["retune"]["timing"] == "cuda-graph"
+
+
 # -- configs files -----------------------------------------------------------------------------
 
 def test_a_configs_file_keeps_each_entrys_timing(tmp_path):

@@ -32,7 +32,7 @@ _JOB_EXAMPLE = {"id": _JOB_ID, "kernel": "matmul", "kernel_version": "363e2228ce
                 "dtype": "float16", "status": "succeeded", "strategy": "auto",
                 "budget_trials": 48, "budget_seconds": None, "device": _GPU,
                 "created_at": _WHEN, "started_at": "2026-11-23T08:00:02Z",
-                "finished_at": "2026-11-23T08:01:40Z", "error": None,
+                "finished_at": "2026-11-23T08:01:40Z", "error": None, "reason": None,
                 "url": f"/api/v1/jobs/{_JOB_ID}", "waiting": None, "verification": "reference",
                 "tasks": [_TASK_EXAMPLE]}
 _TRIAL_EXAMPLE = {"task_id": 1, "number": 7, "config": _CONFIG, "outcome": "ok",
@@ -210,6 +210,8 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     error: str | None
+    reason: str | None = Field(None, description="why the service queued it on its own (a "
+                               "re-tune after a Triton upgrade); None for a submitted job")
     url: str
     waiting: str | None = Field(None, description="why a queued job has not started: no live "
                                 "worker has its device (said once it waited a lease length)")

@@ -146,6 +146,9 @@ class Job(Base):
                                         server_default=text(f"'{DEFAULT_TIMING}'"))
     #: sha256 of what makes two submissions the same (``repo.request_key``)
     request_key: Mapped[str] = mapped_column(String(64), index=True)
+    #: why the service queued it on its own (``repo.queue_upgrade_retunes``: "re-tune after
+    #: upgrade to Triton 3.6 (from 3.5)"); None for a job someone submitted
+    reason: Mapped[str | None] = mapped_column(String(200))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

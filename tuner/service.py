@@ -90,7 +90,11 @@ def _gpu_fingerprint_and_calibration(device_index: int) -> tuple[DeviceFingerpri
 
 
 def _register_device(factory: Any, fingerprint: DeviceFingerprint,
-                     calibration: dict[str, Any]) -> None:
+                     calibration: dict[str, Any], settings: Settings | None = None) -> None:
+    """Write the device's row (and calibration); then, with ``settings``, queue the shapes
+    tuned there under an older Triton minor for re-tuning under this one
+    (``repo.queue_upgrade_retunes``: at most ``TUNER_MISS_CAP_PER_KERNEL`` shapes a kernel,
+    ``TUNER_MISS_TRIALS`` trials). A failure to queue them is logged, never fatal."""
     from db import repo
 
     with factory() as session:
@@ -102,6 +106,34 @@ def _register_device(factory: Any, fingerprint: DeviceFingerprint,
                                  matmul_tflops_spread=calibration.get("matmul_tflops_spread"),
                                  runs=calibration.get("runs"))
         session.commit()
+    if settings is None:
+        return
+    try:
+        with factory() as session:
+            jobs = repo.queue_upgrade_retunes(
+                session, device_key=fingerprint.key, triton_version=fingerprint.triton_version,
+                version_of=_installed_version, cap_per_kernel=settings.miss_cap_per_kernel,
+                trials=settings.miss_trials)
+            queued = [f"job {job.id}: {job.reason}, {job.kernel} {job.dtype}, "
+                      f"{len(job.tasks)} shape(s)" for job in jobs]
+            session.commit()
+    except Exception:  # noqa: BLE001 - the worker runs whatever became of the re-tunes
+        log.exception("%s: queueing re-tunes after a Triton upgrade failed", fingerprint.key)
+        return
+    for line in queued:
+        log.info("%s: %s", fingerprint.key, line)
+
+
+def _installed_version(kernel: str) -> str | None:
+    """The version of ``kernel`` as installed here; None when it is not (or fails to load)."""
+    from search_spaces import get_kernel
+
+    try:
+        return str(get_kernel(kernel).version)
+    except Exception:  # noqa: BLE001 - a kernel that does not load is re-tuned by no one
+        log.warning("kernel %s does not load here: its configs are not re-tuned", kernel,
+                    exc_info=True)
+        return None
 
 
 def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0, *,
@@ -123,7 +155,7 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
         fingerprint, calibration = interpreter_fingerprint(), {}
         log.warning("no GPU: this worker runs kernels on the Triton CPU interpreter; its "
                     "timings are not GPU timings and are stored under 'interpret:cpu'")
-    _register_device(factory, fingerprint, calibration)
+    _register_device(factory, fingerprint, calibration, settings)
     worker = Worker(factory, backend_kind=kind, device_key=fingerprint.key,
                     device_index=device_index, lease_seconds=settings.lease_seconds,
                     compile_workers=compile_workers_for(settings, kind, workers_on_host),

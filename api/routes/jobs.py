@@ -89,7 +89,7 @@ def job_public(job: Job, waiting: str | None = None) -> JobPublic:
                      budget_trials=job.budget_trials, budget_seconds=job.budget_seconds,
                      device=job.device_key, created_at=job.created_at,
                      started_at=job.started_at, finished_at=job.finished_at, error=job.error,
-                     url=job_url(job.id), waiting=waiting,
+                     reason=job.reason, url=job_url(job.id), waiting=waiting,
                      verification=registered_verification(job.kernel),
                      timing=cast(Timing, job.timing), tasks=tasks)
 

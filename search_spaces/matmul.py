@@ -61,6 +61,9 @@ def runs_ptx() -> bool:
 #: TUNER_TF32_ROUNDING=0 (read at import) leaves them to the tensor cores' truncation, as
 #: Triton does (bench/fp32_tf32.py measures the two)
 ROUND_TF32 = tl.constexpr(runs_ptx() and os.environ.get("TUNER_TF32_ROUNDING", "1") != "0")
+#: constants that are the machine's settings, not code: left out of kernel versions
+#: (``tuner.code_hash``), so the interpreter and a GPU-less API process agree on one
+__unversioned__ = ("ROUND_TF32",)
 
 
 @triton.jit

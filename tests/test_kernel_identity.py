@@ -134,7 +134,9 @@ def test_a_constraint_s_helper_and_the_space_are_part_of_the_version(importable:
 
 
 def test_a_constexpr_global_of_matmul_is_part_of_its_version(importable: Path) -> None:
-    """``ROUND_TF32`` (a ``tl.constexpr`` that ``tile_dot`` reads) with the other value."""
+    """``ROUND_TF32`` (a ``tl.constexpr`` that ``tile_dot`` reads) with the other value: part
+    of the version once it is not listed as a machine setting (``__unversioned__``), and
+    not while it is."""
     flipped = "True" if not matmul_module.ROUND_TF32 else "False"
 
     def constant(src: str) -> str:
@@ -142,10 +144,15 @@ def test_a_constexpr_global_of_matmul_is_part_of_its_version(importable: Path) -
                         '"TUNER_TF32_ROUNDING", "1") != "0")',
                         f"ROUND_TF32 = tl.constexpr({flipped})")
 
-    base, edited = versions(builtin_copy(importable)), versions(builtin_copy(importable,
-                                                                             constant))
+    def versioned(src: str) -> str:
+        return replaced(src, '__unversioned__ = ("ROUND_TF32",)', "__unversioned__ = ()")
+
+    base = versions(builtin_copy(importable, versioned))
+    edited = versions(builtin_copy(importable, lambda src: versioned(constant(src))))
     assert edited["matmul"] != base["matmul"]
     assert edited["conv2d"] == base["conv2d"]  # conv2d's K loop is its own
+    assert versions(builtin_copy(importable, constant))["matmul"] == versions(
+        builtin_copy(importable))["matmul"]  # a machine setting: not the code's
 
 
 def test_the_layouts_differ_by_their_space() -> None:
@@ -313,3 +320,26 @@ def test_a_decorated_kernel_whose_configs_set_different_parameters_still_loads()
         tl.store(x_ptr, N)
 
     assert len(odd.version) == 12
+
+
+def test_the_interpreter_and_a_process_without_it_compute_one_matmul_version():
+    """matmul's ROUND_TF32 is off under TRITON_INTERPRET=1 and on without it (a machine
+    setting, listed in ``__unversioned__``): a CPU-only service's API process and its
+    interpreter workers must still agree on the kernels' versions."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support_processes import ROOT
+
+    code = ("from search_spaces import get_kernel; import search_spaces.matmul as m; "
+            "print(bool(m.ROUND_TF32), get_kernel('matmul').version, "
+            "get_kernel('matmul_epilogue_gelu').version)")
+    outputs = []
+    for interpret in ("1", "0"):
+        env = {**os.environ, "TRITON_INTERPRET": interpret, "PYTHONPATH": str(ROOT)}
+        outputs.append(subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                                      capture_output=True, text=True, check=True).stdout.split())
+    (rounding_a, *versions_a), (rounding_b, *versions_b) = outputs
+    assert (rounding_a, rounding_b) == ("False", "True")  # the setting does differ
+    assert versions_a == versions_b

@@ -263,7 +263,7 @@ class _Walk:
             jit = jit_python(value)
             if jit is not None:
                 self._device(jit)
-            elif (text := _constant(value)) is not None:
+            elif (text := _constant(value)) is not None and name not in _unversioned(fn):
                 self.note("const", f"{name}={text}")
 
     # host code
@@ -296,7 +296,7 @@ class _Walk:
         self.note("py", _dump(tree))
         for name, found, found_owner in self._references(tree, value, owner, package):
             text = _constant(found)
-            if text is not None:
+            if text is not None and name not in _unversioned(value):
                 self.note("const", f"{name}={text}")
             else:
                 self._host_value(found, package, found_owner)
@@ -364,6 +364,15 @@ class _Walk:
         if not isinstance(holder, type) or _top(holder) != host_package:
             holder = None
         return f"{label}.{'.'.join(rest)}" if rest else label, value, holder
+
+
+def _unversioned(obj: Any) -> tuple[str, ...]:
+    """The constants of ``obj``'s module that are settings of the machine a process runs on,
+    not code (its ``__unversioned__``): e.g. matmul's ``ROUND_TF32``, off under the CPU
+    interpreter, on on a GPU, so that a CPU-only service's API process (no
+    ``TRITON_INTERPRET``) and its interpreter workers compute one version."""
+    module = inspect.getmodule(obj)
+    return tuple(getattr(module, "__unversioned__", ())) if module is not None else ()
 
 
 def _step(value: Any, attr: str, host_package: str | None) -> Any:

@@ -119,8 +119,9 @@ def test_get_configs_declares_each_dimension_as_an_integer_query_parameter(opena
         assert "moe_gemm" in params[dim]["description"]
     assert params["E"]["schema"]["maximum"] == 256
     names = [p["name"] for p in operation["parameters"]]
-    assert names[:5] == ["kernel", "dtype", "device", "kernel_version", "triton_version"]
-    assert names[5:8] == ["M", "N", "K"]
+    assert names[:6] == ["kernel", "dtype", "device", "kernel_version", "triton_version",
+                         "timing"]
+    assert names[6:9] == ["M", "N", "K"]
     assert "dimensions" not in params
 
 

@@ -9,10 +9,10 @@ tunes the key later re-times it as the incumbent."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from api.deps import SessionDep, WriteAccess
@@ -49,8 +49,24 @@ class MeasuredItem(BaseModel):
     timings: list[MeasuredTiming] = Field(min_length=1, max_length=1024)
 
 
+def examples(example: dict[str, Any]) -> ConfigDict:
+    """A model's example in its JSON schema (the OpenAPI document's, shown by /docs)."""
+    return ConfigDict(json_schema_extra={"examples": [example]})
+
+
+_TIMING = {"config": {"BLOCK_SIZE": 1024, "num_warps": 4, "num_stages": 2},
+           "p20_ms": 0.0121, "p50_ms": 0.0124, "p80_ms": 0.0127}
+
+
 class MeasuredRequest(BaseModel):
     items: list[MeasuredItem] = Field(min_length=1, max_length=256)
+
+    model_config = examples({"items": [{
+        "kernel": "fla.modules.l2norm.l2norm_fwd_kernel", "kernel_version": "3f2a9c1d0b7e",
+        "dtype": "float16", "shape": {"D": 128, "T": 131072},
+        "device": "cuda:NVIDIA H100 80GB HBM3:sm90", "triton_version": "3.6.0",
+        "timings": [_TIMING, {**_TIMING, "config": {"BLOCK_SIZE": 2048, "num_warps": 8,
+                                                    "num_stages": 2}, "p50_ms": 0.0131}]}]})
 
 
 class MeasuredAnswer(BaseModel):
@@ -64,6 +80,9 @@ class MeasuredAnswer(BaseModel):
 
 class MeasuredAnswers(BaseModel):
     data: list[MeasuredAnswer]
+
+    model_config = examples({"data": [{"status": "stored", "config": _TIMING["config"],
+                                       "p50_ms": 0.0124}]})
 
 
 @router.post("/measured", response_model=MeasuredAnswers, dependencies=[WriteAccess])

@@ -36,7 +36,10 @@ def test_tune_on_the_interpreter_stores_a_verified_best_that_configs_lists(db):
     listed = tuner("configs", "--kernel", "matmul", "--json", db=db)
     rows = json.loads(listed.stdout)
     assert len(rows) == 1
-    assert rows[0]["config"] == summary["best_config"]
+    # the search's best, or the kernel's default where nothing beat it beyond noise
+    assert rows[0]["config"] == summary["stored_config"]
+    assert summary["stored_config"] == summary["best_config"] or (
+        "stored the kernel's default" in summary["stored_note"])
     assert rows[0]["device_key"] == "interpret:cpu"
     assert rows[0]["shape"] == {"M": 17, "N": 33, "K": 65}
 

@@ -352,7 +352,9 @@ def test_a_tune_on_the_interpreter_stores_a_verified_best(tmp_path):
     assert summary["device"] == "interpret:cpu" and summary["stored"] is True
     assert summary["best_ms"] > 0 and summary["trials"] == 3
     rows = json.loads(tuner("configs", "--kernel", name, "--json", db=db).stdout)
-    assert len(rows) == 1 and rows[0]["config"] == summary["best_config"]
+    assert len(rows) == 1 and rows[0]["config"] == summary["stored_config"]
+    assert summary["stored_config"] == summary["best_config"] or (
+        "stored the kernel's default" in summary["stored_note"])
     assert CAUSAL.space().contains(KernelConfig(summary["best_config"]))
 
 

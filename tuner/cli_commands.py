@@ -155,7 +155,9 @@ def tune(args: argparse.Namespace) -> int:
     progress.close()
     wall = time.monotonic() - started
     summary = {**_summary(kernel, shape, dtype, backend, outcome, wall), "job_id": job_id,
-               "dashboard_url": page}
+               "dashboard_url": page,
+               "stored_config": _stored_config(factory, kernel, shape, dtype, outcome,
+                                               args.timing)}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -257,6 +259,22 @@ def _finalists(result: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _stored_config(factory: Any, kernel: TunableKernel, shape: dict[str, int], dtype: str,
+                   outcome: Any, timing: str) -> dict[str, int] | None:
+    """The config the store now serves for the tuned identity (the search's best, the
+    kernel's default where the search found nothing faster beyond noise, or an earlier best
+    that was kept), read back after the run; None where nothing is stored."""
+    from db import repo
+
+    if outcome.device_key is None:
+        return None
+    with factory() as session:
+        row = repo.get_best(session, device_key=outcome.device_key, kernel=kernel.name,
+                            dtype=dtype, shape_key=repo.shape_key_of(shape),
+                            kernel_version=kernel.version, timing=timing)
+        return dict(row.config) if row is not None else None
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     print(f"job      {s['job_id']}  {s['dashboard_url']} (when tuner serve runs on this "
           "database)")
@@ -279,6 +297,8 @@ def _print_summary(s: dict[str, Any]) -> None:
         print(f"baseline {s['vs_baseline']:.2f}x vs {s['baseline_name']} "
               f"({s['baseline_ms']:.4f} ms, timed interleaved with the finalists)")
     stored = "yes" if s["stored"] else "no"
+    if s.get("stored_config") not in (None, s["best_config"]):
+        print(f"serves   {json.dumps(s['stored_config'])}")
     print(f"stored   {stored}{': ' + s['stored_note'] if s['stored_note'] else ''}; "
           f"wall time {s['wall_s']:.1f} s")
 

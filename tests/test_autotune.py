@@ -241,3 +241,25 @@ def test_the_hot_path_launches_what_the_full_path_chose_and_only_then(example, t
     x = torch.randn(*IN_FILE.values(), dtype=torch.float64)
     with pytest.raises(AssertionError, match="named the launch's problem again"):
         kernel[(1,)](x, x[0], x, *IN_FILE.values(), 1, 1)  # a dtype not seen: the full path
+
+
+def test_where_triton_cannot_benchmark_an_unanswered_shape_launches_the_first_config(
+        example, caplog):
+    """On the interpreter (no GPU driver: Triton's autotuner fails with "0 active drivers"),
+    a shape neither the file nor the service answers (here: the service is down) launches the
+    list's first config, saying so; the warning about the service says what happens."""
+    from tests.support_processes import free_port
+    from tuner.launching import launch_kwargs
+    from tuner.user_kernel import config_from_triton
+
+    tuner.configure(client=TunerClient(f"http://127.0.0.1:{free_port()}", timeout=1.0))
+    decorated = example.bias_gelu_kernel
+    kernel = Autotuned(decorated.fn, decorated.configs, decorated.key, "bias_gelu", {})
+    with caplog.at_level("WARNING"):
+        assert launch(example, kernel, NOWHERE) == "first"
+        assert launch(example, kernel, NOWHERE) == "first"  # the hot path, the same config
+    first = config_from_triton(decorated.configs[0])
+    assert list(kernel._fast.values()) == [launch_kwargs(first)]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("launching the first listed config" in m for m in said) == 1, said
+    assert any("unreachable" in m and "Triton's own autotuning" in m for m in said), said

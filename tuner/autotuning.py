@@ -15,7 +15,9 @@ its dtype) it uses, in order:
    under ONE deadline for the whole lookup; a shape it cannot answer exactly is reported as a
    miss, which the service queues for tuning so that the next start-up finds it tuned,
 3. otherwise Triton's own autotuning over the given configs, exactly as ``triton.autotune``
-   would: never worse than today.
+   would: never worse than today. Where Triton cannot benchmark (the CPU interpreter, or no
+   active GPU driver) and no ``do_bench`` was given, the list's first config instead (source
+   ``first``): Triton's autotuner would fail there.
 
 Only an exact answer (this GPU model, this kernel source, this Triton minor) is used; a launch
 never fails because the service is slow or down. ``sources`` says where each key's config came
@@ -153,6 +155,8 @@ class Autotuned:
         self.version = _version(fn, self.configs)
         self._triton_options = triton_options
         self._triton: Any = None
+        #: whether Triton's autotuner can time configs here (None: not yet asked)
+        self._can_bench: bool | None = None
         self._chosen: dict[ProblemKey, KernelConfig | None] = {}
         #: the hot path: a launch whose arguments are all positional, its key's values plain
         #: integers, goes from (its argument count, key values, the dtype of ``dtype_arg`` or
@@ -163,7 +167,7 @@ class Autotuned:
                          tuple(self.arg_names.index(k) for k in self.key))
         self._dtype_pos = self.arg_names.index(dtype_arg) if dtype_arg else 0
         self._fast: dict[tuple[Any, ...], dict[str, Any] | None] = {}
-        #: where each problem's config came from: "file", "service" or "triton"
+        #: where each problem's config came from: "file", "service", "triton" or "first"
         self.sources: dict[ProblemKey, str] = {}
         self._lock = threading.Lock()
 
@@ -206,6 +210,28 @@ class Autotuned:
         if config is not None:
             log.info("%s %s %s: tuned config from the %s: %s", self.name, dtype,
                      shape_key(dict(items)), source, config.key())
+        return config
+
+    def _untunable_fallback(self, problem: ProblemKey | None) -> KernelConfig | None:
+        """The list's first config where Triton's autotuner cannot time configs here (the
+        interpreter, no active GPU driver) and no ``do_bench`` stands in; else None (Triton's
+        autotuning decides). Said once per problem."""
+        if self._can_bench is None:
+            self._can_bench = ("do_bench" in self._triton_options
+                               or triton_can_benchmark())
+        if self._can_bench or not self.configs:
+            return None
+        config = config_from_triton(self.configs[0])
+        with self._lock:
+            said = problem is not None and self.sources.get(problem) == "first"
+            if problem is not None:
+                self.sources[problem] = "first"
+        if not said:
+            where = (f"{problem[0]} {shape_key(dict(problem[1]))}" if problem is not None
+                     else "a launch")
+            log.warning("%s %s: no tuned config (configs file, service) and Triton cannot "
+                        "benchmark here (CPU interpreter or no active GPU driver): launching "
+                        "the first listed config %s", self.name, where, config.key())
         return config
 
     def _triton_autotuner(self) -> Any:
@@ -251,6 +277,8 @@ class Autotuned:
             named = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
             problem = self.problem(named)
             config = self.config_for(problem) if problem is not None else None
+            if config is None:
+                config = self._untunable_fallback(problem)
         if config is None:
             if fast is not None:
                 self._fast[fast] = None
@@ -271,6 +299,23 @@ class Autotuned:
 
     def __repr__(self) -> str:
         return f"tuner.autotune({self.name!r}, version={self.version})"
+
+
+def triton_can_benchmark() -> bool:
+    """Whether Triton's autotuner can time configs in this process: not on the CPU interpreter
+    (``TRITON_INTERPRET=1``), nor where Triton finds no active GPU driver ("0 active
+    drivers")."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        from triton.runtime import driver
+
+        driver.active.get_current_device()
+    except Exception:  # noqa: BLE001 - no usable driver, whatever Triton raises
+        return False
+    return True
 
 
 def _version(fn: Any, configs: Sequence[Any]) -> str:

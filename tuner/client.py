@@ -345,8 +345,15 @@ class TunerClient:
 
     def _warn(self, why: str) -> None:
         if not self._warned:
-            source = "the cache file or defaults" if self.cache_file else "default configs"
-            log.warning("%s; using %s (this warning is shown once)", why, source)
+            known = "the configs file" if self.configs_file else ""
+            if self.cache_file:
+                known = f"{known} and the cache file" if known else "the cache file"
+            known = f"answers from {known}, else " if known else ""
+            log.warning("%s; until it answers, kernels launch with %sno tuned config: "
+                        "best_config gives the kernel's default config, and tuner.autotune "
+                        "runs Triton's own autotuning over the listed configs (their first "
+                        "config where Triton cannot benchmark: CPU interpreter, no GPU "
+                        "driver) (this warning is shown once)", why, known)
             self._warned = True
 
     def _file_entry(self, kernel: str, shape: Mapping[str, int], dtype: str,

@@ -79,7 +79,25 @@ def _resolve_tune_input(args: argparse.Namespace) -> tuple[Any, dict[str, int], 
     if backend == "interpret":
         check_interpreter_dtype(kernel, dtype)
         check_interpreter_timing(args.timing)
+        check_interpreter_shape(kernel, shape, dtype)
     return kernel, shape, dtype, backend, table
+
+
+def check_interpreter_shape(kernel: TunableKernel, shape: dict[str, int], dtype: str) -> None:
+    """The admission check the service's POST /jobs applies to a job only the interpreter can
+    run (``api.validation.check_interpreter_size``): a shape whose one trial is estimated to
+    take longer than ``TUNER_INTERPRETER_TRIAL_LIMIT_S`` (the override, as for the service)
+    is refused before a job is created, instead of sitting at 0 trials."""
+    from api.validation import interpreter_trial_seconds
+
+    limit_s = Settings().interpreter_trial_limit_s
+    estimate = interpreter_trial_seconds(kernel, shape, dtype)
+    if estimate > limit_s:
+        raise InvalidRequest(
+            f"--shape {shape_label(shape)} is too large for the Triton CPU interpreter: one "
+            f"trial would take at least {estimate:.0f} s (limit {limit_s:.0f} s, "
+            "TUNER_INTERPRETER_TRIAL_LIMIT_S raises it); use a smaller shape or --backend "
+            "cuda on a GPU", field="shape")
 
 
 def check_interpreter_timing(timing: str) -> None:

@@ -270,15 +270,16 @@ class TrialsPublic(BaseModel):
 
 
 #: how an answer of GET /configs relates to the caller's identity (best first)
-Match = Literal["exact", "nearest", "other-triton", "other-device", "default"]
+Match = Literal["exact", "nearest", "other-triton", "other-device", "default", "none"]
 #: what became of a reported miss (``report_misses``; ``deferred``: kept in memory while the
 #: database is unreachable, recorded once it answers)
 MissOutcome = Literal["queued", "pending", "tuned", "rate-limited", "capped",
                       "kernel-version-mismatch", "no-device", "unknown-device",
-                      "read-only", "failed", "deferred"]
+                      "read-only", "failed", "deferred", "unregistered"]
 #: the status of a recorded miss (GET /misses)
 MissStatus = Literal["queued", "running", "tuned", "failed", "rate-limited", "capped",
-                     "kernel-version-mismatch", "no-device", "unknown-device", "read-only"]
+                     "kernel-version-mismatch", "no-device", "unknown-device", "read-only",
+                     "unregistered"]
 #: the longest kernel or Triton version the database stores
 VERSION_MAX = 40
 
@@ -288,7 +289,13 @@ class ConfigPublic(BaseModel):
     kernel version, Triton minor version and shape), ``nearest`` (same, nearest tuned shape:
     ``tuned_shape`` and its log2 ``distance``), ``other-triton`` (the caller's device under
     another Triton minor version), ``other-device`` (another GPU: ``device`` says which),
-    ``default`` (the kernel's default config; nothing tuned applies). ``miss``: with
+    ``default`` (the kernel's default config; nothing tuned applies), ``none`` (a kernel this
+    service has no code for, named by its qualified name with its ``kernel_version``, and
+    nothing measured applies: ``config`` is empty, its own autotuning decides). ``measured``:
+    how the served config's time was taken: ``retimed`` (a worker re-timed it beside the
+    other finalists), ``trial`` (its trial's timing), ``client-measured`` (a model's process
+    measured it with Triton's own autotuning, ``tuner.install()``: ranked below a worker's).
+    ``miss``: with
     ``report_misses``, what became of a lookup that was not ``exact``. ``basis``: a served
     stored best against the kernel's default, ``default`` where the default itself was kept
     because the search found nothing faster beyond the noise; with the default's
@@ -310,6 +317,8 @@ class ConfigPublic(BaseModel):
     kernel_version: str | None = None
     triton_version: str | None = None
     miss: MissOutcome | None = None
+    measured: str | None = Field(default=None, description="retimed, trial or client-measured "
+                                 "(see above); None for the kernel's default")
     verification: str | None = Field(None, description=VERIFICATION_DOC)
     timing: Timing | None = Field(default=None, description="how the served config was "
                                   "timed (None: the kernel's default, never timed)")
@@ -369,7 +378,8 @@ class ConfigsPublic(BaseModel):
 class MissPublic(BaseModel):
     """A lookup that clients reported as not served exactly. ``status``: its job's (queued,
     running, tuned, failed), else why none was queued (rate-limited, capped,
-    kernel-version-mismatch, no-device, unknown-device, read-only); ``note`` says more."""
+    kernel-version-mismatch, no-device, unknown-device, read-only, unregistered: a kernel
+    this service has no code for); ``note`` says more."""
 
     id: int
     kernel: str

@@ -213,7 +213,8 @@ class DeferredMiss:
     device_key: str | None
     kernel: str
     kernel_version: str
-    registered_version: str
+    #: None: a kernel no worker can tune (``api.validation.ExternalKernel``)
+    registered_version: str | None
     dtype: str
     shape: dict[str, int]
     client: str

@@ -9,6 +9,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -37,6 +38,66 @@ def kernel_or_error(name: str, field: str = "kernel") -> TunableKernel:
     except InvalidRequest as exc:
         exc.field = field
         raise
+
+
+#: what a stored best of an external kernel is (``ExternalKernel``): the API's ``verification``
+#: and the dashboard's label
+CLIENT_MEASUREMENTS_ONLY = "served from client measurements only"
+#: a qualified Python name (``module.function``): how ``tuner.install()`` names a hooked kernel
+_QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+_DIM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,19}")
+#: the most dimensions (autotune key values) an external kernel's problem may have
+EXTERNAL_DIMS_MAX = 32
+
+
+@dataclass(frozen=True)
+class ExternalKernel:
+    """A kernel this service has no code for: a library's ``triton.autotune`` kernel that a
+    model's process hooked (``tuner.install()``), known by its qualified name and the caller's
+    ``kernel_version``. Its configs are what clients measured (``POST /configs/measured``); no
+    worker tunes it, and it has no default config here."""
+
+    name: str
+    version: str
+
+
+def kernel_for_lookup(name: str, kernel_version: str | None,
+                      field: str = "kernel") -> TunableKernel | ExternalKernel:
+    """The registered kernel ``name``; else, for a qualified name given with its
+    ``kernel_version``, an ``ExternalKernel``; else the unknown kernel's 4xx naming ``field``."""
+    try:
+        return kernel_or_error(name, field)
+    except InvalidRequest as exc:
+        if kernel_version and len(name) <= 100 and _QUALIFIED.fullmatch(name):
+            return ExternalKernel(name, kernel_version)
+        raise InvalidRequest(f"{exc}; a kernel not registered here (one a model's process "
+                             "hooked with tuner.install()) is named by its qualified name "
+                             "(module.function) and given with its kernel_version",
+                             field=field) from None
+
+
+def check_external_problem(shape: Mapping[str, Any], dtype: str, field: str,
+                           dtype_field: str) -> dict[str, int]:
+    """An external kernel's shape (its autotune key's values by name: integers, at most
+    ``EXTERNAL_DIMS_MAX``) and dtype (a torch dtype's name, or ``none``), checked as a
+    registered kernel's are: a 4xx naming the field."""
+    if not _DTYPE_NAME.fullmatch(dtype):
+        raise InvalidRequest(f"dtype {dtype!r} is not a dtype name (e.g. float16, bfloat16)",
+                             field=dtype_field)
+    if len(shape) > EXTERNAL_DIMS_MAX:
+        raise InvalidShape(f"{len(shape)} dimensions: at most {EXTERNAL_DIMS_MAX}", field=field)
+    checked = {}
+    for name, value in shape.items():
+        where = f"{field}.{name}" if field else name
+        if not _DIM_NAME.fullmatch(name):
+            raise InvalidShape(f"dimension name {name!r} is not an identifier", field=where)
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+                -2**63 <= value < 2**63):
+            raise InvalidShape(f"{name}={value!r} must be an integer of at most 64 bits",
+                               field=where)
+        checked[name] = value
+    return checked
 
 
 def check_job_interpreter_dtype(kernel: TunableKernel, dtype: str,
@@ -99,11 +160,17 @@ def interpreter_trial_seconds(kernel: TunableKernel, shape: Mapping[str, int],
 
 
 def check_interpreter_size(kernel: TunableKernel, shapes: list[dict[str, int]], dtype: str,
-                           limit_s: float) -> None:
+                           limit_s: float, budget_s: float | None = None) -> None:
     """A job only the interpreter can run must not sit at 0 trials for hours: refuse shapes
     whose one trial would take longer than ``limit_s`` (TUNER_INTERPRETER_TRIAL_LIMIT_S)."""
     for i, shape in enumerate(shapes):
         estimate = interpreter_trial_seconds(kernel, shape, dtype)
+        if budget_s is not None and estimate > budget_s:
+            raise InvalidRequest(
+                f"budget.seconds {budget_s:g} is shorter than one trial of shape {shape} on "
+                f"the Triton CPU interpreter, the only backend that can run this job here (at "
+                f"least {estimate:.0f} s): give a longer time budget or a smaller shape",
+                field="budget.seconds")
         if estimate > limit_s:
             raise InvalidRequest(
                 f"shape {shape} is too large for the Triton CPU interpreter, the only backend "

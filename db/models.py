@@ -296,6 +296,9 @@ class BestConfig(Base):
     default_ms: Mapped[float | None] = mapped_column(Float)
     search_ms: Mapped[float | None] = mapped_column(Float)
     noise_margin: Mapped[float | None] = mapped_column(Float)
+    #: a ``client-measured`` best's timing conditions as the model's process reported them
+    #: (``timed_by``: the timer; ``gpu``: clocks, power, temperature, throttle reasons)
+    client_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

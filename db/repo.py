@@ -1002,7 +1002,8 @@ def _best_values(shape: Mapping[str, int], times: BestTimes, torch_version: str 
                 measured=times.measured, basis=times.basis, default_ms=times.default_ms,
                 search_ms=times.search_ms, noise_margin=times.noise_margin,
                 torch_version=torch_version,
-                cuda_version=cuda_version, task_id=task_id, updated_at=utcnow())
+                cuda_version=cuda_version, task_id=task_id, client_state=None,
+                updated_at=utcnow())
 
 
 def write_best(session: Session, *, device_key: str, kernel: str, kernel_version: str,
@@ -1036,22 +1037,27 @@ def store_best(session: Session, *, device_key: str, kernel: str, kernel_version
                tflops: float | None, gbps: float | None, torch_version: str | None,
                cuda_version: str | None, task_id: int | None,
                noise_margin: float = 0.0, measured: str | None = None,
-               timing: str = DEFAULT_TIMING) -> tuple[BestConfig, bool]:
+               timing: str = DEFAULT_TIMING, replaces_only: str | None = None,
+               client_state: Mapping[str, Any] | None = None) -> tuple[BestConfig, bool]:
     """Insert the best config for its key, or replace the stored one only when the new p50 is
-    below the stored p50 * (1 - ``noise_margin``). For times that cannot be re-timed side by
-    side (``tuner import``: a file carries one time per config): a worker decides by
-    re-timing and writes with ``write_best`` instead. Returns the stored row and whether this
-    call wrote it. Safe when two workers store the same key at once."""
+    below the stored p50 * (1 - ``noise_margin``) (and, with ``replaces_only``, only while the
+    stored one's ``measured`` is that: a client's timings never replace a worker's best, even
+    one written since the caller looked). For times that cannot be re-timed side by side
+    (``tuner import``: a file carries one time per config): a worker decides by re-timing and
+    writes with ``write_best`` instead. Returns the stored row and whether this call wrote it.
+    Safe when two workers store the same key at once."""
     key = _best_key(device_key, kernel, kernel_version, dtype, shape_key(shape), triton_version,
                     timing)
-    values = _best_values(shape, BestTimes(config, p20_ms, p50_ms, p80_ms, tflops, gbps,
-                                           measured), torch_version, cuda_version, task_id)
+    values = {**_best_values(shape, BestTimes(config, p20_ms, p50_ms, p80_ms, tflops, gbps,
+                                              measured), torch_version, cuda_version, task_id),
+              "client_state": dict(client_state) if client_state is not None else None}
     written = _insert_ignoring_conflicts(session, BestConfig, {**key, **values, "revision": 1},
                                          list(key))
     if not written:
+        only = [BestConfig.measured == replaces_only] if replaces_only is not None else []
         written = _changed(session, update(BestConfig).where(
-            *_matching(BestConfig, key), BestConfig.p50_ms * (1 - noise_margin) > p50_ms)
-            .values(**values, revision=BestConfig.revision + 1))
+            *_matching(BestConfig, key), BestConfig.p50_ms * (1 - noise_margin) > p50_ms,
+            *only).values(**values, revision=BestConfig.revision + 1))
     return _best_row(session, key), written
 
 
@@ -1278,7 +1284,8 @@ _MISS_STATUS_OF_JOB = {"queued": "queued", "running": "running", "succeeded": "t
 _MISS_ACTIVE = ("queued", "running")
 #: every status a miss row can have (``status`` of GET /misses)
 MISS_STATUSES = ("queued", "running", "tuned", "failed", "rate-limited", "capped",
-                 "kernel-version-mismatch", "no-device", "unknown-device", "read-only")
+                 "kernel-version-mismatch", "no-device", "unknown-device", "read-only",
+                 "unregistered")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1291,7 +1298,7 @@ class MissLimits:
 
 
 def report_miss(session: Session, *, device_key: str | None, kernel: str,
-                kernel_version: str, registered_version: str, dtype: str,
+                kernel_version: str, registered_version: str | None, dtype: str,
                 shape: Mapping[str, int], client: str, limits: MissLimits,
                 label: str | None = None, may_queue: bool = True,
                 timing: str = DEFAULT_TIMING) -> str:
@@ -1302,8 +1309,10 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
     - ``pending``: a job for it is queued or running; ``tuned``: its job succeeded;
     - ``failed``: its job failed or was cancelled less than ``MISS_RETRY_AFTER`` ago (a later
       report queues it again);
-    - not queued, only recorded: ``kernel-version-mismatch`` (``kernel_version`` is not the
-      ``registered_version`` the workers would tune), ``no-device`` (no worker to target),
+    - not queued, only recorded: ``unregistered`` (``registered_version`` None: no kernel of
+      that name is registered, its configs are what clients measure),
+      ``kernel-version-mismatch`` (``kernel_version`` is not the ``registered_version`` the
+      workers would tune), ``no-device`` (no worker to target),
       ``unknown-device`` (no worker ever registered ``device_key``), ``read-only`` (the
       caller may not queue: not ``may_queue``), ``rate-limited`` (``client`` queued
       ``limits.rate_per_client`` misses within ``MISS_RATE_WINDOW``), ``capped`` (the kernel
@@ -1337,8 +1346,12 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
 
 
 def _unqueueable(session: Session, device_key: str | None, kernel_version: str,
-                 registered_version: str) -> tuple[str, str] | None:
+                 registered_version: str | None) -> tuple[str, str] | None:
     """The status and note of a miss that no job could tune, None for one that could."""
+    if registered_version is None:
+        return ("unregistered", "no kernel of this name is registered here: it is served from "
+                "client measurements only (tuner.install()); register it as a plugin to tune "
+                "it on workers")
     if kernel_version != registered_version:
         return ("kernel-version-mismatch", f"the caller's kernel version {kernel_version} is "
                 f"not the server's {registered_version}: tuning here would tune other code")

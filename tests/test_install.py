@@ -302,6 +302,91 @@ def test_what_triton_measured_is_stored_client_measured_below_a_workers_best(ser
     assert stored_best(db_url, D_SERVED) == (SERVED, None)
 
 
+# -- a kernel the service has no code for: served from client measurements only ---------------
+
+@pytest.fixture
+def bare_service(tmp_path: Path, bench: Bench) -> Iterator[tuple[str, str]]:
+    """The real app with no plugin registered: fla's kernel is unknown to it."""
+    db_url = f"sqlite:///{tmp_path / 'bare.db'}"
+    with running_app(Settings(database_url=db_url)) as url:
+        register_devices(db_url, INTERPRETER)
+        yield url, db_url
+
+
+def test_an_unregistered_kernel_is_served_from_client_measurements_only(bare_service, bench):
+    """No plugin registers fla's kernel: what one process's Triton measured is stored under
+    its qualified name and version, a fresh process is served it without benchmarking, the
+    answer says it is client-measured and served from client measurements only, and the
+    miss is recorded as ``unregistered`` (no worker can tune it), never queued."""
+    from tuner.installing import flush_reports
+
+    url, db_url = bare_service
+    tuner.configure(client=TunerClient(url, report_misses=True))
+    tuner.install(pinned=False)
+    launch(D_OTHER)
+    flush_reports()
+    assert bench.calls == len(LISTED)
+    measured = chosen(D_OTHER)
+    assert stored_best(db_url, D_OTHER) == (measured, "client-measured")
+    [miss] = httpx.get(f"{url}/api/v1/misses").json()["data"]
+    assert miss["kernel"] == NAME and miss["status"] == "unregistered"
+    assert httpx.get(f"{url}/api/v1/jobs").json()["count"] == 0
+    identity = {"kernel": NAME, "dtype": "float32", "device": INTERPRETER,
+                "kernel_version": VERSION, "triton_version": local_triton_version()}
+    answer = httpx.get(f"{url}/api/v1/configs", params={**identity, "D": D_OTHER, "NB": 1})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["match"] == "exact" and answer.json()["measured"] == "client-measured"
+    assert answer.json()["verification"] == "served from client measurements only"
+    nearest = httpx.get(f"{url}/api/v1/configs", params={**identity, "D": D_SERVED, "NB": 1})
+    assert nearest.json()["match"] == "nearest"  # the ladder as for any kernel
+    unknown = httpx.get(f"{url}/api/v1/configs",
+                        params={**identity, "dtype": "float16", "D": D_OTHER, "NB": 1})
+    assert unknown.status_code == 404 and unknown.json()["match"] == "none"
+    assert unknown.json()["config"] == {}
+    tuner.uninstall()  # a fresh process: nothing decided
+    l2norm_fwd_kernel.cache = {}
+    tuner.configure(client=TunerClient(url))
+    tuner.install(pinned=False)
+    launch(D_OTHER)
+    assert sources(l2norm_fwd_kernel) == {key(D_OTHER): "service"}
+    assert chosen(D_OTHER) == measured and bench.calls == len(LISTED)
+
+
+def test_an_unregistered_kernel_needs_a_qualified_name_and_its_version(bare_service):
+    """A name that is neither registered nor a qualified name with a kernel_version is the
+    unknown kernel's 4xx naming the field; an external kernel's shape and dtype are checked."""
+    url, _ = bare_service
+    item = {"kernel": NAME, "dtype": "float32", "shape": {"D": 24, "NB": 1},
+            "device": INTERPRETER, "kernel_version": VERSION}
+    ok = httpx.post(f"{url}/api/v1/configs/query", json={"items": [item]})
+    assert ok.status_code == 200 and ok.json()["data"][0]["match"] == "none"
+    for bad, field in [({"kernel_version": None}, "kernel"), ({"kernel": "l2norm"}, "kernel"),
+                       ({"dtype": "Float 32"}, "dtype"), ({"shape": {"D": 2**70}}, "D"),
+                       ({"shape": {"D-1": 3}}, "D-1")]:
+        answer = httpx.post(f"{url}/api/v1/configs/query",
+                            json={"items": [{**item, **bad}]})
+        assert answer.status_code == 422, (bad, answer.text)
+        assert field in json.dumps(answer.json()["detail"]), (bad, answer.json())
+
+
+def test_a_clients_timings_never_replace_a_workers_best_written_meanwhile(tmp_path):
+    """The measured route's one conditional write: a worker's best stored after the client
+    looked (the race a check-then-write had) is not replaced by faster client timings."""
+    db_url = f"sqlite:///{tmp_path / 'race.db'}"
+    store(db_url, D_SERVED, SERVED)  # a worker's, 0.01 ms
+    with init_db(db_url)() as session:
+        row, written = repo.store_best(
+            session, device_key=INTERPRETER, kernel=NAME, kernel_version=VERSION,
+            dtype="float32", shape={"D": D_SERVED, "NB": 1},
+            triton_version=local_triton_version() or "", config=LISTED[0].to_dict(),
+            p20_ms=1e-6, p50_ms=1e-6, p80_ms=1e-6, tflops=None, gbps=None,
+            torch_version=None, cuda_version=None, task_id=None,
+            measured="client-measured", replaces_only="client-measured",
+            client_state={"timed_by": "test"})
+        session.commit()
+        assert not written and KernelConfig(row.config) == SERVED and row.client_state is None
+
+
 def test_a_dead_service_costs_the_deadline_once(bench):
     listener = socket.socket()  # accepts connections (the backlog), never answers
     listener.bind(("127.0.0.1", 0))

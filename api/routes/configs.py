@@ -45,7 +45,14 @@ from api.serving import (
     ServingIndex,
     serving_index,
 )
-from api.validation import check_dtype, check_shape, kernel_or_error
+from api.validation import (
+    CLIENT_MEASUREMENTS_ONLY,
+    ExternalKernel,
+    check_dtype,
+    check_external_problem,
+    check_shape,
+    kernel_for_lookup,
+)
 from db import repo, views
 from db.models import BASES
 from search_spaces import get_kernel, kernel_names
@@ -105,7 +112,17 @@ def document_dimensions(openapi: dict[str, Any]) -> None:
         operation.setdefault("parameters", []).append(parameter)
 
 
-def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
+#: a kernel a lookup names: registered here, or one only clients measure
+LookupKernel = TunableKernel | ExternalKernel
+
+
+def _verification(kernel: LookupKernel) -> str | None:
+    if isinstance(kernel, ExternalKernel):
+        return CLIENT_MEASUREMENTS_ONLY
+    return verification_of(kernel)
+
+
+def _public(served: repo.Served, kernel: LookupKernel, dtype: str,
             shape: dict[str, int], timing: str = DEFAULT_TIMING) -> ConfigPublic:
     row = served.row
     distance = None if served.match == "exact" else round(served.distance, 4)
@@ -114,7 +131,7 @@ def _public(served: repo.Served, kernel: TunableKernel, dtype: str,
                         tflops=row.tflops, tuned_shape=row.shape, distance=distance,
                         kernel_version=row.kernel_version, triton_version=row.triton_version,
                         timing=cast(Timing, row.timing), timing_fallback=row.timing != timing,
-                        verification=verification_of(kernel),
+                        measured=row.measured, verification=_verification(kernel),
                         basis=cast(Basis | None, row.basis if row.basis in BASES else None),
                         default_ms=row.default_ms, search_ms=row.search_ms,
                         noise_margin=row.noise_margin)
@@ -130,13 +147,18 @@ class Lookup:
         #: whether a group came from memory because the database was unreachable
         self.from_memory = False
 
-    def registered_version(self, kernel: TunableKernel) -> str:
+    def registered_version(self, kernel: LookupKernel) -> str | None:
+        """The version workers tune (None: an external kernel, which no worker tunes)."""
+        if isinstance(kernel, ExternalKernel):
+            return None
         return self.index.registered_version(kernel)
 
-    def key(self, kernel: TunableKernel, dtype: str, kernel_version: str | None) -> GroupKey:
-        return kernel.name, kernel_version or self.registered_version(kernel), dtype
+    def key(self, kernel: LookupKernel, dtype: str, kernel_version: str | None) -> GroupKey:
+        if isinstance(kernel, ExternalKernel):
+            return kernel.name, kernel.version, dtype
+        return kernel.name, kernel_version or self.index.registered_version(kernel), dtype
 
-    def answer(self, kernel: TunableKernel, dtype: str, shape: dict[str, int], device: str | None,
+    def answer(self, kernel: LookupKernel, dtype: str, shape: dict[str, int], device: str | None,
                kernel_version: str | None, triton_version: str | None,
                timing: str = DEFAULT_TIMING) -> ConfigPublic:
         key = self.key(kernel, dtype, kernel_version)
@@ -148,20 +170,25 @@ class Lookup:
         return answer_from(group, kernel, dtype, shape, device, triton_version, timing)
 
 
-def answer_from(group: Group, kernel: TunableKernel, dtype: str, shape: dict[str, int],
+def answer_from(group: Group, kernel: LookupKernel, dtype: str, shape: dict[str, int],
                 device: str | None, triton_version: str | None,
                 timing: str = DEFAULT_TIMING) -> ConfigPublic:
     """The answer to one lookup from its (kernel, kernel version, dtype)'s candidates, for a
-    caller who wants configs timed ``timing`` (``repo.serve_timed``)."""
+    caller who wants configs timed ``timing`` (``repo.serve_timed``); for an external kernel
+    with none, ``match`` ``none`` (no config: its own autotuning decides)."""
     served = group.serve(shape, device, triton_version, timing)
     if served is not None:
         return _public(served, kernel, dtype, shape, timing)
+    if isinstance(kernel, ExternalKernel):
+        return ConfigPublic(match="none", kernel=kernel.name, dtype=dtype, shape=shape,
+                            device=device, config={}, kernel_version=kernel.version,
+                            verification=CLIENT_MEASUREMENTS_ONLY)
     default = kernel.default_config(shape, dtype).to_dict()
     return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
                         device=device, config=default, verification=verification_of(kernel))
 
 
-def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
+def _query_shape(request: Request, kernel: LookupKernel, dtype: str) -> dict[str, int]:
     """The problem shape given as query parameters (``M=4096&N=4096&K=4096``)."""
     raw: dict[str, Any] = {}
     for name, value in request.query_params.items():
@@ -172,6 +199,8 @@ def _query_shape(request: Request, kernel: TunableKernel) -> dict[str, int]:
         except ValueError:
             raise QueryError(f"{name}={value!r} must be an integer", field=name) from None
     try:
+        if isinstance(kernel, ExternalKernel):
+            return check_external_problem(raw, dtype, "", "dtype")
         return check_shape(kernel, raw, "")
     except InvalidRequest as exc:
         raise as_query_error(exc) from None
@@ -230,11 +259,12 @@ async def get_config(request: Request, response: Response, index: IndexDep,
     never loaded is a 503 that says so.
     """
     try:
-        k = kernel_or_error(kernel, "kernel")
-        check_dtype(k, dtype)
+        k = kernel_for_lookup(kernel, kernel_version, "kernel")
+        if not isinstance(k, ExternalKernel):
+            check_dtype(k, dtype)
     except InvalidRequest as exc:
         raise as_query_error(exc) from None
-    shape = _query_shape(request, k)
+    shape = _query_shape(request, k, dtype)
     # on the event loop: a thread pool's hand-offs cost more than the lookup; the database
     # (a version check every refresh_s, a group's load) is read in the pool
     key = Lookup(index).key(k, dtype, kernel_version)
@@ -244,18 +274,22 @@ async def get_config(request: Request, response: Response, index: IndexDep,
     group, from_memory = found
     headers = DATABASE_UNAVAILABLE if from_memory else None
     result = answer_from(group, k, dtype, shape, device, triton_version, timing)
-    if result.match == "default":
+    if result.match in ("default", "none"):
         return JSONResponse(result.model_dump(), status_code=404, headers=headers)
     if headers:
         response.headers.update(headers)
     return result
 
 
-def _checked(items: Sequence[ConfigQueryItem]) -> list[tuple[Any, dict[str, int]]]:
+def _checked(items: Sequence[ConfigQueryItem]) -> list[tuple[LookupKernel, dict[str, int]]]:
     """Each item's kernel and validated shape; the first bad item is a 422 naming it."""
-    checked = []
+    checked: list[tuple[LookupKernel, dict[str, int]]] = []
     for i, item in enumerate(items):
-        k = kernel_or_error(item.kernel, f"items.{i}.kernel")
+        k = kernel_for_lookup(item.kernel, item.kernel_version, f"items.{i}.kernel")
+        if isinstance(k, ExternalKernel):
+            checked.append((k, check_external_problem(item.shape, item.dtype,
+                                                      f"items.{i}.shape", f"items.{i}.dtype")))
+            continue
         check_dtype(k, item.dtype, f"items.{i}.dtype")
         checked.append((k, check_shape(k, item.shape, f"items.{i}.shape")))
     return checked
@@ -310,7 +344,7 @@ def query_configs(body: ConfigQuery, request: Request, response: Response, sessi
         if body.report_misses and (answer.match != "exact" or answer.timing_fallback):
             answer.miss = cast(MissOutcome, index.report_miss(session, DeferredMiss(
                 device_key=item.device, kernel=k.name,
-                kernel_version=item.kernel_version or lookup.registered_version(k),
+                kernel_version=lookup.key(k, item.dtype, item.kernel_version)[1],
                 registered_version=lookup.registered_version(k),
                 dtype=item.dtype, shape=shape, client=client, limits=_limits(settings),
                 label=body.client, may_queue=may_queue, timing=item.timing)))

@@ -3,9 +3,13 @@
 the key's best labelled ``client-measured`` (``measured``).
 
 Such a result ranks below a worker's: it is stored where the key has no best, or replaces a
-``client-measured`` one it beats; a best a worker stored (verified, re-timed) is kept. It is
-served like any best, its answer's ``measured`` saying ``client-measured``; a worker that
-tunes the key later re-times it as the incumbent."""
+``client-measured`` one it beats; a best a worker stored (verified, re-timed) is kept, also one
+written while this request ran. It is served like any best, its answer's ``measured`` saying
+``client-measured``; a worker that tunes the key later re-times it as the incumbent.
+
+The kernel may be one this service has no code for (``api.validation.ExternalKernel``: a
+library kernel, named by its qualified name, with its ``kernel_version``): its results are
+stored and served the same way, labelled "served from client measurements only"."""
 
 from __future__ import annotations
 
@@ -13,15 +17,17 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
 from api.deps import SessionDep, WriteAccess
 from api.schemas import DEVICE_KEY_MAX, VERSION_MAX
-from api.validation import check_shape, kernel_or_error
+from api.validation import (
+    ExternalKernel,
+    check_external_problem,
+    check_shape,
+    kernel_for_lookup,
+)
 from db import repo
-from db.models import BestConfig
 from tuner.dtypes import check_dtype
-from tuner.shapes import shape_key
 
 #: the ``measured`` label of a best a model's process measured
 CLIENT_MEASURED = "client-measured"
@@ -39,6 +45,17 @@ class MeasuredTiming(BaseModel):
     p80_ms: float = Field(gt=0, allow_inf_nan=False)
 
 
+class GpuState(BaseModel):
+    """The GPU's state as the model's process sampled it after Triton's benchmark (NVML; any
+    may be missing)."""
+
+    sm_mhz: int | None = Field(None, ge=0, le=100_000)
+    mem_mhz: int | None = Field(None, ge=0, le=100_000)
+    power_w: float | None = Field(None, ge=0, le=100_000, allow_inf_nan=False)
+    temp_c: int | None = Field(None, ge=-100, le=1_000)
+    throttle: int | None = Field(None, ge=0, lt=2**63)
+
+
 class MeasuredItem(BaseModel):
     kernel: str = Field(max_length=100)
     kernel_version: str = Field(min_length=1, max_length=VERSION_MAX)
@@ -47,6 +64,9 @@ class MeasuredItem(BaseModel):
     device: str = Field(min_length=1, max_length=DEVICE_KEY_MAX)
     triton_version: str = Field(min_length=1, max_length=VERSION_MAX)
     timings: list[MeasuredTiming] = Field(min_length=1, max_length=1024)
+    timed_by: str | None = Field(None, max_length=100, description="the timer (e.g. "
+                                 "triton.testing.do_bench, Triton's autotuning benchmark)")
+    gpu: GpuState | None = None
 
 
 def examples(example: dict[str, Any]) -> ConfigDict:
@@ -65,6 +85,8 @@ class MeasuredRequest(BaseModel):
         "kernel": "fla.modules.l2norm.l2norm_fwd_kernel", "kernel_version": "3f2a9c1d0b7e",
         "dtype": "float16", "shape": {"D": 128, "T": 131072},
         "device": "cuda:NVIDIA H100 80GB HBM3:sm90", "triton_version": "3.6.0",
+        "timed_by": "triton.autotune (do_bench)",
+        "gpu": {"sm_mhz": 1980, "mem_mhz": 2619, "power_w": 312.5, "temp_c": 41, "throttle": 0},
         "timings": [_TIMING, {**_TIMING, "config": {"BLOCK_SIZE": 2048, "num_warps": 8,
                                                     "num_stages": 2}, "p50_ms": 0.0131}]}]})
 
@@ -91,29 +113,30 @@ def post_measured(body: MeasuredRequest, session: SessionDep) -> MeasuredAnswers
     module docstring)."""
     checked = []
     for i, item in enumerate(body.items):
-        kernel = kernel_or_error(item.kernel, field=f"items.{i}.kernel")
-        check_dtype(kernel, item.dtype, f"items.{i}.dtype")
-        checked.append((item, check_shape(kernel, item.shape, f"items.{i}.shape")))
+        kernel = kernel_for_lookup(item.kernel, item.kernel_version, f"items.{i}.kernel")
+        if isinstance(kernel, ExternalKernel):
+            shape = check_external_problem(item.shape, item.dtype, f"items.{i}.shape",
+                                           f"items.{i}.dtype")
+        else:
+            check_dtype(kernel, item.dtype, f"items.{i}.dtype")
+            shape = check_shape(kernel, item.shape, f"items.{i}.shape")
+        checked.append((item, shape))
     answers = []
     status: Literal["stored", "kept", "slower"]
     for item, shape in checked:
         best = min(item.timings, key=lambda t: t.p50_ms)
-        stored = session.scalars(select(BestConfig).where(
-            BestConfig.device_key == item.device, BestConfig.kernel == item.kernel,
-            BestConfig.kernel_version == item.kernel_version, BestConfig.dtype == item.dtype,
-            BestConfig.shape_key == shape_key(shape),
-            BestConfig.triton_version == item.triton_version)).first()
-        if stored is not None and stored.measured != CLIENT_MEASURED:
-            status = "kept"
-        else:
-            _, written = repo.store_best(
-                session, device_key=item.device, kernel=item.kernel,
-                kernel_version=item.kernel_version, dtype=item.dtype, shape=shape,
-                triton_version=item.triton_version, config=best.config, p20_ms=best.p20_ms,
-                p50_ms=best.p50_ms, p80_ms=best.p80_ms, tflops=None, gbps=None,
-                torch_version=None, cuda_version=None, task_id=None,
-                measured=CLIENT_MEASURED)
-            status = "stored" if written else "slower"
+        state = {"timed_by": item.timed_by,
+                 "gpu": item.gpu.model_dump(exclude_none=True) if item.gpu else None}
+        # one conditional write: a worker's best (even one stored since) is never replaced
+        row, written = repo.store_best(
+            session, device_key=item.device, kernel=item.kernel,
+            kernel_version=item.kernel_version, dtype=item.dtype, shape=shape,
+            triton_version=item.triton_version, config=best.config, p20_ms=best.p20_ms,
+            p50_ms=best.p50_ms, p80_ms=best.p80_ms, tflops=None, gbps=None,
+            torch_version=None, cuda_version=None, task_id=None,
+            measured=CLIENT_MEASURED, replaces_only=CLIENT_MEASURED, client_state=state)
+        status = "stored" if written else (
+            "slower" if row.measured == CLIENT_MEASURED else "kept")
         answers.append(MeasuredAnswer(status=status, config=best.config, p50_ms=best.p50_ms))
     session.commit()
     return MeasuredAnswers(data=answers)

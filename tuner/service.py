@@ -165,7 +165,8 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     _stop_on_signals(worker.stopping)
     dispatcher = make_dispatcher(settings, factory)
     _start_thread("presence", keep_present, factory, fingerprint.key,
-                  settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id)
+                  settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id,
+                  settings.worker_health_file or None)
     log.info("worker %s serving device %s (%s; dispatch: %s)", worker.id, fingerprint.key,
              kind, dispatcher.name)
     try:
@@ -228,9 +229,12 @@ def _start_thread(name: str, target: Any, *args: Any) -> threading.Thread:
 
 
 def keep_present(factory: Any, device_key: str, interval_s: float, stopping: threading.Event,
-                 parent_pid: int | None = None, worker_id: str | None = None) -> None:
+                 parent_pid: int | None = None, worker_id: str | None = None,
+                 health_file: str | None = None) -> None:
     """Refresh the device's and the worker's ``last_seen_at`` (``/healthz`` reports devices
-    seen recently), and stop the worker when the process that started it is gone."""
+    seen recently), and stop the worker when the process that started it is gone. Each beat
+    written also touches ``health_file`` (``TUNER_WORKER_HEALTH_FILE``): its age is how long
+    this worker has not reached the database (a container's health check)."""
     from db import repo
 
     while not stopping.wait(interval_s):
@@ -246,6 +250,16 @@ def keep_present(factory: Any, device_key: str, interval_s: float, stopping: thr
                 session.commit()
         except Exception:  # noqa: BLE001 - a missed beat only makes the device look stale
             log.exception("presence beat of %s failed", device_key)
+            continue
+        if health_file:
+            _touch(health_file)
+
+
+def _touch(path: str) -> None:
+    try:
+        Path(path).touch()
+    except OSError as exc:  # the health check will say so; the worker goes on
+        log.warning("touching the health file %s failed: %s", path, exc)
 
 
 def _stop_on_signals(event: threading.Event) -> None:

@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     #: workers stop a search once its best reaches this fraction of the device's roofline for
     #: the problem (0: never)
     roofline_stop: float = Field(default=0.95, ge=0, le=1)
+    #: a file each worker of this process touches at every presence beat it wrote to the
+    #: database (every third of ``lease_seconds``): a container's health check reads its age
+    #: (docker-compose.yml); empty: none
+    worker_health_file: str = ""
     #: seconds a worker keeps its measuring child (and compile pool) after a task, for the
     #: next task to reuse: their start (imports, CUDA, the pool) is paid once, not per task;
     #: an idle worker closes them after this long, freeing the GPU's memory; 0: a fresh child

@@ -207,6 +207,9 @@ class Task(Base):
     noise_margin: Mapped[float | None] = mapped_column(Float)
     #: outcome value -> number of trials with it
     outcome_counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: why its search stopped (``tuner.search``: budget, time, converged, no expected gain,
+    #: near roofline, space exhausted, ...); None before it finished or where not recorded
+    stop_reason: Mapped[str | None] = mapped_column(String(40))
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -619,7 +619,8 @@ def _finish(run: _Run, status: str, result: SearchResult | None, device_key: str
     def write() -> None:
         with run.factory() as session:
             repo.finish_task(session, run.task_id, status, error=error,
-                             worker_id=run.worker_id)
+                             worker_id=run.worker_id,
+                             stop_reason=result.stop_reason if result else None)
             session.commit()
 
     run.store(f"finishing task {run.task_id} as {status}", write)

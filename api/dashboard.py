@@ -24,7 +24,9 @@ import csv
 import io
 import json
 import math
+import re
 import statistics
+import sys
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +45,7 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, dispatcher_of, key_mode
@@ -155,12 +157,60 @@ def config_short(config: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
+#: the docstring conventions a page should not show raw: "(None otherwise)" (a constraint's
+#: return value, not what it checks) and reST's double-backtick inline code
+_RETURNS_NONE = re.compile(r"\s*\((?:and )?None otherwise\)", re.IGNORECASE)
+_INLINE_CODE = re.compile(r"``(.+?)``")
+
+
+def doc_html(text: str | None) -> Markup:
+    """A docstring as a line of a page: whitespace joined, "(None otherwise)" left out, and
+    ````name```` as ``<code>name</code>`` (the rest escaped)."""
+    clean = _RETURNS_NONE.sub("", " ".join((text or "").split()))
+    parts = _INLINE_CODE.split(clean)  # odd items are the code
+    return Markup("").join(Markup("<code>{}</code>").format(p) if i % 2 else escape(p)
+                           for i, p in enumerate(parts))
+
+
+def is_interpreter(device_key: str | None, device: Device | None = None) -> bool:
+    """Whether timings on this device come from Triton's CPU interpreter: not GPU timings, so
+    no TFLOP/s, GB/s or ratio to torch means anything there."""
+    if device is not None and device.kind:
+        return device.kind == "interpret"
+    return bool(device_key) and str(device_key).startswith("interpret:")
+
+
+#: why a search stopped before its budget (``tuner.search``'s stop reasons), in words
+STOP_REASONS = {
+    "converged": "converged (no faster config in its last trials)",
+    "no expected gain": "no expected gain (the model predicts nothing faster)",
+    "near roofline": "near the roofline (the best is close to the hardware's floor)",
+    "space exhausted": "space exhausted (every valid config was tried)",
+    "time": "its time budget was spent",
+    "device unhealthy": "the device became unhealthy",
+}
+
+
+def stopped_early(task: Task, budget: int) -> str | None:
+    """"stopped early: <why>" for a finished task whose search stopped before its trial
+    budget; None otherwise (still running, ran the budget, or no reason recorded)."""
+    reason = task.stop_reason
+    if task.status in ACTIVE or not reason or reason == "budget" or task.trials_done >= budget:
+        return None
+    return (f"stopped early: {STOP_REASONS.get(reason, reason)}, after {task.trials_done} of "
+            f"{budget} trials")
+
+
 templates.env.filters["shape"] = shape_text
 templates.env.filters["ms"] = ms_text
 templates.env.filters["ago"] = ago_text
 templates.env.filters["ago_tag"] = ago_tag
 templates.env.filters["fixed"] = fixed_text
 templates.env.filters["config_short"] = config_short
+templates.env.filters["doc"] = doc_html
+#: a name that may break after its underscores (a narrow table's headings: "num_<wbr>stages")
+templates.env.filters["wbr"] = lambda name: Markup("_<wbr>").join(str(name).split("_"))
+templates.env.tests["interpreter"] = is_interpreter
 templates.env.filters["triton_config"] = triton_config_text
 templates.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(", ", ":"))
 
@@ -271,7 +321,9 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> HTMLResponse
 
 def _job_context(session: Session, job: Job, request: Request) -> dict[str, Any]:
     """What the job page's parts are rendered from (the page, and its live refresh)."""
+    stops = [(t, why) for t in job.tasks if (why := stopped_early(t, job.budget_trials))]
     return {"job": job, "shapes": _shapes(session, job), "progress": job_progress(job),
+            "stopped_early": stops,
             "active": job.status in ACTIVE, "waiting": _waiting(session, job, request),
             "verification": registered_verification(job.kernel), "trials_listed": TRIALS_LISTED}
 
@@ -448,17 +500,22 @@ def _shapes(session: Session, job: Job) -> list[dict[str, Any]]:
         if key and key not in devices:
             devices[key] = repo.get_device(session, key)
         trials = by_task.get(task.id, [])
-        work = work_of(kernel, task.shape, job.dtype)
-        view = task_charts(task, trials, space_names, work)
+        device = devices.get(key) if key else None
+        interpreter = is_interpreter(key, device)
+        # the CPU interpreter's times are no GPU's: no TFLOP/s, GB/s, roofline or ratio
+        work = Work(0.0, 0.0) if interpreter else work_of(kernel, task.shape, job.dtype)
+        view = task_charts(task, trials, space_names, work, interpreter=interpreter)
         view.update(trials=trials, work=work, names=view["data"]["names"],
-                    stats=shape_stats(task, trials, work, kernel, job.dtype,
-                                      devices.get(key) if key else None))
+                    interpreter=interpreter,
+                    stats=shape_stats(task, trials, work, kernel, job.dtype, device,
+                                      interpreter=interpreter),
+                    stopped_early=stopped_early(task, job.budget_trials))
         shapes.append(view)
     return shapes
 
 
 def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str],
-                work: Work | None = None) -> dict[str, Any]:
+                work: Work | None = None, *, interpreter: bool = False) -> dict[str, Any]:
     """Everything the job page draws for one shape, as compact arrays: each trial's config is
     a row of values in ``names`` order (the page's script writes the hover text).
 
@@ -481,7 +538,8 @@ def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str],
     for i, t in enumerate(trials):
         group = by_outcome.setdefault(t.outcome, {"x": [], "y": [], "i": []})
         group["x"].append(t.number)
-        group["y"].append(None if t.p50_ms is None else _sig(t.p50_ms))
+        y = timeout_ms(t) if t.outcome == "timeout" else t.p50_ms
+        group["y"].append(None if y is None else _sig(y))
         group["i"].append(i)
         if t.error:
             errors[i] = t.error[:120]
@@ -494,7 +552,7 @@ def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str],
         "task": task, "count": len(trials), "ok": len(ok),
         "outcomes": dict(Counter(t.outcome for t in trials)),
         "failures": failures[:MAX_FAILURES_LISTED], "failures_total": len(failures),
-        "top": top, "best": best_summary(task),
+        "top": top, "best": best_summary(task, interpreter=interpreter),
         "data": {
             "id": task.id, "numbers": [t.number for t in trials], "best": best_so_far,
             "final": ({"ms": _sig(task.best_ms), "measured": task.best_measured,
@@ -507,6 +565,23 @@ def task_charts(task: Task, trials: Sequence[TrialRow], names: list[str],
             "table": trial_table(task, trials, work or Work(0.0, 0.0)),
         },
     }
+
+
+#: a timeout's limit in its error ("run timed out: no answer within 30 s")
+_TIMEOUT_LIMIT = re.compile(r"(?:within|after) (\d+(?:\.\d+)?) s\b")
+
+
+def timeout_ms(t: TrialRow) -> float | None:
+    """Where a timed-out trial belongs on a time axis: its measured p50 where it has one, else
+    the run's time limit it hit (it ran at least that long); None for a compile that timed out
+    (it never ran) or a limit the error does not state."""
+    if t.p50_ms is not None:
+        return t.p50_ms
+    error = t.error or ""
+    match = _TIMEOUT_LIMIT.search(error)
+    if match is None or error.lstrip().lower().startswith("compile"):
+        return None
+    return float(match.group(1)) * 1000.0
 
 
 def trial_table(task: Task, trials: Sequence[TrialRow], work: Work) -> dict[str, Any]:
@@ -540,15 +615,16 @@ def trial_table(task: Task, trials: Sequence[TrialRow], work: Work) -> dict[str,
     }
 
 
-def best_summary(task: Task) -> dict[str, Any]:
+def best_summary(task: Task, *, interpreter: bool = False) -> dict[str, Any]:
     """The task's headline: its best time and which measurement it is, the baseline's ratio
-    (only from the baseline timed interleaved with the finalists in the same process), the
-    stored best's re-timed time and what became of it, and the default's re-timed time and
-    whether it is what is served (``vs_default_text``)."""
+    (only from the baseline timed interleaved with the finalists in the same process; none on
+    the CPU interpreter, where it means nothing), the stored best's re-timed time and what
+    became of it, and the default's re-timed time and whether it is what is served
+    (``vs_default_text``)."""
     measured = {"retimed": "re-timed beside the other finalists",
                 "trial": "its trial timing: not re-timed"}.get(task.best_measured or "",
                                                                "as stored")
-    ratio = task.vs_baseline
+    ratio = None if interpreter else task.vs_baseline
     return {"ms": task.best_ms, "measured": task.best_measured, "measured_text": measured,
             "vs_baseline": ratio, "baseline_name": task.baseline_name,
             "baseline_ms": task.baseline_ms,
@@ -577,26 +653,32 @@ def vs_default_text(task: Task) -> str | None:
 
 def shape_stats(task: Task, trials: Sequence[TrialRow], work: Work,
                 kernel: TunableKernel | None, dtype: str,
-                device: Device | None) -> dict[str, Any]:
+                device: Device | None, *, interpreter: bool = False) -> dict[str, Any]:
     """A shape's numbers a kernel engineer asks first, all of the task's best time (the
     headline: re-timed once the finalists were): TFLOP/s and GB/s, the share of the roofline
     floor it reaches (``tuner.roofline``, the floor the workers stop at), the baseline (torch)
     and the ratio (only from the baseline timed beside the re-timed finalists), and the
-    compile times of the trials. ``*_note`` says why a number is missing."""
+    compile times of the trials. ``*_note`` says why a number is missing. On the CPU
+    interpreter (``interpreter``) only the times: its throughput, roofline share and ratio to
+    torch mean nothing."""
     ms = task.best_ms
     roof: Roofline | None = None
-    if kernel is not None and device is not None:
+    if kernel is not None and device is not None and not interpreter:
         roof = roofline(kernel, task.shape, dtype, device.copy_gbps, device.matmul_tflops)
     if roof is not None:
         roof_note = None
+    elif interpreter:
+        roof_note = "not GPU timings"
     elif device is None:
         roof_note = "no device yet"
     elif not (device.copy_gbps or device.matmul_tflops):
         roof_note = "device not calibrated"
     else:
         roof_note = "the kernel counts no FLOPs or bytes"
-    ratio = task.vs_baseline
-    if ratio is not None:
+    ratio = None if interpreter else task.vs_baseline
+    if interpreter:
+        baseline_note = None  # shown as "-": the interpreter's ratio means nothing
+    elif ratio is not None:
         baseline_note = None
     elif task.baseline_ms is not None:
         baseline_note = "no ratio: the best was not re-timed beside it"
@@ -702,12 +784,27 @@ def kernel_page(request: Request, name: str, session: SessionDep) -> HTMLRespons
         raise HTTPException(404, f"no kernel {name!r}; registered: {', '.join(kernel_names())}")
     k = get_kernel(name)
     space = k.space()
-    constraints = [(c.__name__.strip("_").replace("_", " "), (c.__doc__ or "").strip())
+    constraints = [(c.__name__.strip("_").replace("_", " "), doc_html(c.__doc__))
                    for c in space.constraints]
     rows = repo.list_best(session, kernel=name)
-    return _page(request, "kernel.html", title=f"Kernel {name}", kernel=k, space=space.describe(),
+    names = variant_names(k)
+    params = space.describe()
+    for p in params:
+        if p["name"] == "VARIANT" and names:
+            p["values"] = [f"{v} {names[v]}" if 0 <= v < len(names) else str(v)
+                           for v in p["values"]]
+    return _page(request, "kernel.html", title=f"Kernel {name}", kernel=k, space=params,
                  space_size=space.size(), constraints=constraints, dims=k.dims, rows=rows,
                  views={r.id: config_views(r) for r in rows}, verification=verification_of(k))
+
+
+def variant_names(kernel: TunableKernel) -> tuple[str, ...] | None:
+    """The names of a kernel's VARIANT values (its module's ``VARIANTS``: value i is
+    ``VARIANTS[i]``, as matmul's and moe_gemm's are), if its module has them."""
+    names = getattr(sys.modules.get(type(kernel).__module__), "VARIANTS", None)
+    if isinstance(names, tuple) and names and all(isinstance(n, str) for n in names):
+        return names
+    return None
 
 
 @router.get("/roofline", response_class=HTMLResponse)

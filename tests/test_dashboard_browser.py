@@ -7,6 +7,7 @@ where either is missing these tests are skipped and say so."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -156,18 +157,20 @@ class Driver:
     """Runs one shape of a job as a worker would, through ``db.repo``: start it, record trials,
     store the re-timed best with its baseline, finish it."""
 
-    def __init__(self, live_service: dict[str, Any], device: str) -> None:
+    def __init__(self, live_service: dict[str, Any], device: str, *, kernel: str = "matmul",
+                 shape: dict[str, int] = DRIVEN_SHAPE, budget: int = 6,
+                 kind: str = "cuda") -> None:
         from db.engine import init_db
 
         self.factory = init_db(live_service["db"])
         self.device = device
         with self.factory() as session:
-            repo.upsert_device(session, {"key": device, "kind": "cuda", "name": "Test GPU"})
+            repo.upsert_device(session, {"key": device, "kind": kind, "name": "Test GPU"})
             repo.set_calibration(session, device, **CALIBRATION)
             session.commit()
         r = httpx.post(f"{live_service['base']}/api/v1/jobs", json={
-            "kernel": "matmul", "dtype": "float16", "shapes": [DRIVEN_SHAPE], "force": True,
-            "budget": {"trials": 6}, "device": device})
+            "kernel": kernel, "dtype": "float16", "shapes": [shape], "force": True,
+            "budget": {"trials": budget}, "device": device})
         assert r.status_code == 202, r.text
         self.job_id = str(r.json()["id"])
         with self.factory() as session:
@@ -187,7 +190,8 @@ class Driver:
                 repo.record_trial(session, self.task_id, self.number, m, worker_id=WORKER)
             session.commit()
 
-    def finish(self, best: dict[str, Any], retimed_ms: float, baseline_ms: float) -> None:
+    def finish(self, best: dict[str, Any], retimed_ms: float, baseline_ms: float,
+               stop_reason: str | None = None) -> None:
         with self.factory() as session:
             repo.record_retimed(session, self.task_id, [
                 {"config": best["config"], "outcome": "ok", "p20_ms": retimed_ms * 0.99,
@@ -195,7 +199,8 @@ class Driver:
             repo.set_task_best(session, self.task_id, retimed_ms, best["config"],
                                worker_id=WORKER, measured="retimed", baseline_ms=baseline_ms,
                                baseline_name="torch")
-            repo.finish_task(session, self.task_id, "succeeded", worker_id=WORKER)
+            repo.finish_task(session, self.task_id, "succeeded", worker_id=WORKER,
+                             **({"stop_reason": stop_reason} if stop_reason else {}))
             session.commit()
 
 
@@ -422,3 +427,145 @@ def test_a_shape_of_many_trials_pages_through_all_of_them(page, live_service):
     assert rows.count() == 65 and _text(page, shown) == "65 of 130 trials shown"
     assert page.locator("[data-pager]").is_hidden()
     assert page.console_errors == []
+
+
+# -- issue 32 item 9: what a job page and a kernel page show, on one seeded database and one page
+# at 1280 px ------------------------------------------------------------------------------------
+
+LONG_REASON = ("out of resources: shared memory, Required: 262144, Hardware limit: 232448. "
+               "Reducing block sizes or `num_stages` may help. ") * 3
+INTERPRETER = "interpret:test-cpu"
+
+
+def _softmax_trial(programs: int, ms: float) -> dict[str, Any]:
+    config = {"BLOCK_N": 256, "ROWS": 1, "SPLIT": 1, "PROGRAMS_PER_SM": programs, "EVICT": 0,
+              "SYNC": 0, "num_warps": 4, "num_stages": 1}
+    return {"config": config, "outcome": "ok", "error": None, "compile_s": 0.2,
+            "p20_ms": ms * 0.98, "p50_ms": ms, "p80_ms": ms * 1.02, "extra": {}}
+
+
+@pytest.fixture(scope="module")
+def seeded(live_service: dict[str, Any]) -> dict[str, str]:
+    """A matmul job on a GPU that stopped early (converged) after 6 of its 48 trials, one of
+    them a failure with a long reason and one a run timeout; a softmax job on the CPU
+    interpreter (long parameter names, a baseline ratio that means nothing there) and a best
+    config stored from the interpreter."""
+    gpu = Driver(live_service, "cuda:Test GPU issue32:sm90", budget=48)
+    gpu.start()
+    best = _trial(64, ms=0.011)
+    gpu.record(_trial(16, ms=0.040), _trial(32, ms=0.020),
+               _trial(128, "out_of_resources", error=LONG_REASON), best,
+               _trial(16, "timeout", error="run timed out: no answer within 2 s"),
+               _trial(32, ms=0.025) | {"config": {**best["config"], "num_warps": 8}})
+    gpu.finish(best, retimed_ms=0.012, baseline_ms=0.015, stop_reason="converged")
+    cpu = Driver(live_service, INTERPRETER, kernel="softmax", shape={"M": 64, "N": 256},
+                 kind="interpret")
+    cpu.start()
+    ok = [_softmax_trial(p, ms) for p, ms in ((0, 3.0), (1, 2.5), (2, 4.0), (4, 2.0))]
+    cpu.record(*ok)
+    cpu.finish(ok[-1], retimed_ms=2.0, baseline_ms=0.004)
+    store(live_service["db"], {"M": 64, "N": 256, "K": 64}, 3.0, device=INTERPRETER,
+          kind="interpret")
+    return {"gpu": gpu.job_id, "cpu": cpu.job_id}
+
+
+@pytest.fixture(scope="module")
+def narrow(browser: Any, live_service: dict[str, Any]) -> Iterator[Any]:
+    """One page at 1280x900 for the tests below (they only read)."""
+    from tests.support_browser import new_page
+
+    context = browser.new_context(base_url=live_service["base"],
+                                  viewport={"width": 1280, "height": 900})
+    page, errors = new_page(context)
+    page.set_default_timeout(15_000)
+    page.console_errors = errors
+    yield page
+    context.close()
+
+
+def _open(page: Any, path: str, chart: str | None = None) -> None:
+    """``path`` on the shared page, loaded once for the tests reading it in turn."""
+    if not page.url.endswith(path):
+        page.goto(path)
+    if chart:
+        page.locator(f'[data-chart="{chart}"] svg.main-svg').first.wait_for()
+
+
+def _box_of(page: Any, selector: str) -> dict[str, float]:
+    box = page.locator(selector).first.bounding_box()
+    assert box is not None, selector
+    return dict(box)
+
+
+def test_the_trials_table_fits_the_window(narrow, seeded):
+    _open(narrow, f"/jobs/{seeded['gpu']}")
+    reason = narrow.locator("table.trials tbody tr[data-outcome=out_of_resources] td.reason")
+    box = reason.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1280
+    assert narrow.evaluate("document.documentElement.scrollWidth") <= 1280
+    assert narrow.console_errors == []
+
+
+def test_the_importance_chart_shows_whole_parameter_names(narrow, seeded):
+    _open(narrow, f"/jobs/{seeded['cpu']}", "importance")
+    chart = _box_of(narrow, '[data-chart="importance"]')
+    labels = narrow.locator('[data-chart="importance"] .ytick text')
+    assert "PROGRAMS_PER_SM" in [label.text_content() for label in labels.all()]
+    for label in labels.all():
+        assert label.bounding_box()["x"] >= chart["x"], label.text_content()
+    assert narrow.console_errors == []
+
+
+def test_the_trial_axis_title_clears_the_legend(narrow, seeded):
+    _open(narrow, f"/jobs/{seeded['gpu']}", "trials")
+    title = _box_of(narrow, '[data-chart="trials"] .g-xtitle text')
+    legend = _box_of(narrow, '[data-chart="trials"] .legend')
+    assert (title["y"] + title["height"] <= legend["y"]
+            or legend["y"] + legend["height"] <= title["y"])
+
+
+def test_a_timeout_is_drawn_at_its_limit_with_its_own_marker(narrow, seeded):
+    _open(narrow, f"/jobs/{seeded['gpu']}", "trials")
+    traces = narrow.evaluate("""() => document.querySelector('[data-chart="trials"]').data
+        .map(t => ({name: t.name, y: t.y, symbol: t.marker.symbol}))""")
+    by_name = {t["name"]: t for t in traces}
+    assert by_name["timeout"]["y"] == [2000]  # the 2 s limit, in ms
+    assert by_name["timeout"]["symbol"] not in {by_name["ok"]["symbol"],
+                                                by_name["out_of_resources"]["symbol"]}
+
+
+def test_a_search_that_stopped_early_says_why(narrow, seeded):
+    _open(narrow, f"/jobs/{seeded['gpu']}")
+    assert "6 / 48" in _text(narrow, "[data-field=trials]")
+    assert "stopped early: converged" in _text(narrow, "[data-live=job]")
+    assert "stopped early: converged" in _text(narrow, "section.shape [data-live=head]")
+
+
+def test_interpreter_timings_are_badged_and_give_no_throughput(narrow, seeded):
+    _open(narrow, f"/jobs/{seeded['cpu']}")
+    head = _text(narrow, "section.shape [data-live=head]")
+    assert "not GPU timings" in head
+    assert "0.00x" not in head
+    for field in ("stat-tflops", "stat-gbps", "stat-vs"):
+        assert _text(narrow, f"[data-field={field}]") == "-", field
+    heads = [h.strip() for h in narrow.locator("table.trials thead th").all_inner_texts()]
+    for row in narrow.locator("table.trials tbody tr[data-outcome]").all():
+        cells = row.locator("td")
+        assert cells.nth(heads.index("TFLOP/s")).inner_text() == "-"
+        assert cells.nth(heads.index("GB/s")).inner_text() == "-"
+    assert narrow.console_errors == []
+
+
+def test_the_kernel_page_renders_its_docs_and_names_its_variants(narrow, seeded):
+    _open(narrow, "/kernels/matmul")
+    constraints = narrow.locator("h3:has-text('Constraints') + ul")
+    text = constraints.inner_text()
+    assert "``" not in text and "None otherwise" not in text
+    assert constraints.locator("code").count() >= 1
+    variant = narrow.locator("table.space tr", has_text="VARIANT").inner_text()
+    assert "tiled" in variant and "split_k" in variant
+    row = narrow.locator(f'#configs-table tr[data-device="{INTERPRETER}"]')
+    assert "not GPU timings" in row.inner_text()
+    heads = [h.strip() for h in narrow.locator("#configs-table thead th").all_inner_texts()]
+    assert row.locator("td").nth(heads.index("TFLOP/s")).inner_text() == "-"
+    assert narrow.console_errors == []

@@ -7,6 +7,11 @@
   const BASE = { margin: { l: 60, r: 20, t: 40, b: 50 }, font: { size: 12 }, paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "#fff", hovermode: "closest" };
   const layout = function (extra) { return Object.assign({}, BASE, extra); };
+  // a legend under a plot with an x-axis title: at the bottom of the figure, below the title
+  // (at y -0.2 of the plot it overlapped the title), in a bottom margin tall enough for both
+  const LEGEND_BELOW = { margin: { l: 60, r: 20, t: 40, b: 84 },
+    legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom", x: 0.5, xanchor: "center" } };
+  const X_TITLE = function (text) { return { title: { text: text, standoff: 4 } }; };
 
   // A chart with nothing to draw yet shows a line of text in its box, in the page's flow; the
   // plot (if one was drawn before) is purged first and the text removed before plotting again,
@@ -33,8 +38,8 @@
     if (d.final) traces.push({ x: [d.final.x], y: [d.final.ms], mode: "markers", marker: { size: 10, color: "#d7301f", symbol: "diamond" },
       name: d.final.measured === "retimed" ? "best, re-timed" : "best (trial time)" });
     plot(el, traces,
-      layout({ title: { text: "Best trial time so far (ms)" }, xaxis: { title: { text: "trial" } },
-        yaxis: { title: { text: "ms" }, type: "log" }, showlegend: !!d.final, legend: { orientation: "h", y: -0.2 } }));
+      layout(Object.assign({ title: { text: "Best trial time so far (ms)" }, xaxis: X_TITLE("trial"),
+        yaxis: { title: { text: "ms" }, type: "log" }, showlegend: !!d.final }, LEGEND_BELOW)));
   }
 
   function trials(el, d) {
@@ -43,17 +48,21 @@
     const traces = Object.keys(d.outcomes).map(function (outcome) {
       const g = d.outcomes[outcome];
       const failed = outcome !== "ok";
+      // a timeout is drawn at its time (its p50, or the run's limit it hit: the server's y),
+      // with a marker of its own; other failures have no time and go on top
+      const timeout = outcome === "timeout";
       const text = g.i.map(function (i) {
         const c = d.configs[i];
         return d.names.map(function (n, j) { return n + "=" + c[j]; }).join(" ") + (d.errors[i] ? "<br>" + d.errors[i] : "");
       });
-      return { x: g.x, y: failed ? g.x.map(function () { return top; }) : g.y, text: text, name: outcome,
+      const y = g.y.map(function (v) { return !failed || (timeout && v !== null) ? v : top; });
+      return { x: g.x, y: y, text: text, name: outcome,
         mode: "markers", type: "scatter", hovertemplate: "#%{x}: %{text}<extra>" + outcome + "</extra>",
-        marker: { color: d.colours[outcome] || "#444", size: failed ? 8 : 6, symbol: failed ? "x" : "circle" } };
+        marker: { color: d.colours[outcome] || "#444", size: failed ? 8 : 6,
+          symbol: timeout ? "hourglass" : (failed ? "x" : "circle") } };
     });
-    plot(el, traces, layout({ title: { text: "Every trial by outcome (failures on top)" },
-      xaxis: { title: { text: "trial" } }, yaxis: { title: { text: "p50 ms" }, type: "log" },
-      legend: { orientation: "h", y: -0.25 } }));
+    plot(el, traces, layout(Object.assign({ title: { text: "Every trial by outcome (failures on top)" },
+      xaxis: X_TITLE("trial"), yaxis: { title: { text: "p50 ms" }, type: "log" } }, LEGEND_BELOW)));
   }
 
   function importance(el, d) {
@@ -63,7 +72,9 @@
       y: rows.map(function (r) { return r.param; }), marker: { color: "#4a9c7a" },
       hovertemplate: "%{y}: %{x:.0%} of the variance<extra></extra>" }],
       layout({ title: { text: "Parameter importance (share of log-time variance)" },
-        xaxis: { range: [0, 1], tickformat: ".0%" }, margin: { l: 100, r: 20, t: 40, b: 40 } }));
+        xaxis: { range: [0, 1], tickformat: ".0%" },
+        // the names set the left margin (a fixed 100 px cut PROGRAMS_PER_SM)
+        yaxis: { automargin: true }, margin: { l: 20, r: 20, t: 40, b: 40 } }));
   }
 
   function parcoords(el, d) {

@@ -279,9 +279,11 @@ def test_the_worker_stops_at_the_floor_from_the_one_roofline(any_db_url: str, ta
         repo.upsert_device(s, fp.to_dict())
         repo.set_calibration(s, fp.key, None, peak)
         s.commit()
-    _task, outcome = _replay_run(factory, table, trials=200)
+    task_id, outcome = _replay_run(factory, table, trials=200)
     assert outcome.result.stop_reason == "near roofline"
     assert len(outcome.result.trials) < 200
+    with factory() as s:  # the task keeps why it stopped (the job page says so)
+        assert repo.get_task(s, task_id).stop_reason == "near roofline"
     # a compute ceiling (a vendor GEMM's measured speed) can be passed: the worker measures
     # the model stop's minimum of trials before it stops there
     assert len(outcome.result.trials) >= DEFAULT_STOP_MIN_TRIALS

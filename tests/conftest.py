@@ -12,6 +12,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 POSTGRES_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
+# no test (nor a process it starts) remembers its lookups in the user's cache folder: the tests
+# of the keys file name one
+os.environ.setdefault("TUNER_KEYS_FILE", "")
 #: tests measured slow in a full run (scripts/slow_tests.py): marked ``slow``, left out by the
 #: fast tier (``scripts/test.sh --fast``)
 SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")

@@ -259,6 +259,49 @@ def test_a_config_from_the_service_is_used_and_a_miss_reported_once(service, ben
     assert miss["count"] == 1
 
 
+def test_a_restart_asks_every_key_of_the_last_process_in_one_request(service, bench,
+                                                                     tmp_path):
+    """The keys file: a process's lookups are remembered; the next process's first lookup
+    asks them all at once, and its later first launches ask nothing."""
+    url, db_url = service
+    store(db_url, D_SERVED, SERVED)
+    keys = tmp_path / "keys.json"
+    first = CountingTransport()
+    tuner.configure(client=TunerClient(url, transport=first, keys_file=keys))
+    tuner.install(pinned=True)
+    launch(D_SERVED)
+    launch(D_OTHER)
+    assert first.paths == ["/api/v1/configs/query"] * 2
+    assert len(json.loads(keys.read_text())) == 2
+    tuner.uninstall()  # a fresh process: nothing decided
+    l2norm_fwd_kernel.cache = {}
+    again = CountingTransport()
+    tuner.configure(client=TunerClient(url, transport=again, keys_file=keys))
+    tuner.install(pinned=True)
+    launch(D_OTHER)
+    launch(D_SERVED)
+    assert again.paths == ["/api/v1/configs/query"]
+    assert sources(l2norm_fwd_kernel) == {key(D_OTHER): "pinned", key(D_SERVED): "service"}
+    assert chosen(D_SERVED) == SERVED and bench.calls == 0
+
+
+def test_a_keys_file_naming_a_lookup_the_service_refuses_is_started_anew(service, bench,
+                                                                         tmp_path):
+    url, db_url = service
+    store(db_url, D_SERVED, SERVED)
+    keys = tmp_path / "keys.json"
+    stale = {"kernel": "gone", "dtype": "float32", "shape": {"D": 8}, "device": INTERPRETER,
+             "kernel_version": "0", "triton_version": local_triton_version()}
+    keys.write_text(json.dumps({"gone|float32": stale}))
+    transport = CountingTransport()
+    tuner.configure(client=TunerClient(url, transport=transport, keys_file=keys))
+    tuner.install(pinned=True)
+    launch(D_SERVED)
+    assert sources(l2norm_fwd_kernel) == {key(D_SERVED): "service"}
+    assert transport.paths == ["/api/v1/configs/query"] * 2  # refused, then asked alone
+    assert "gone" not in keys.read_text()
+
+
 def stored_best(db_url: str, d: int) -> tuple[KernelConfig, str | None]:
     """The stored best of ``D=d`` (the only device and version here): config and label."""
     from db.models import BestConfig
@@ -328,6 +371,12 @@ def test_an_unregistered_kernel_is_served_from_client_measurements_only(bare_ser
     assert bench.calls == len(LISTED)
     measured = chosen(D_OTHER)
     assert stored_best(db_url, D_OTHER) == (measured, "client-measured")
+    from db.models import BestConfig
+    from tuner.installing import TIMED_BY
+
+    with init_db(db_url)() as session:
+        [row] = session.query(BestConfig).all()
+        assert row.client_state == {"timed_by": TIMED_BY, "gpu": None}  # no GPU here
     [miss] = httpx.get(f"{url}/api/v1/misses").json()["data"]
     assert miss["kernel"] == NAME and miss["status"] == "unregistered"
     assert httpx.get(f"{url}/api/v1/jobs").json()["count"] == 0
@@ -406,6 +455,57 @@ def test_a_dead_service_costs_the_deadline_once(bench):
     assert 1.0 <= first < 1.0 + max(3.0, 2 * second)
     assert second < 1.0  # not asked again for retry_after_s
     assert set(sources(l2norm_fwd_kernel).values()) == {"pinned"}
+
+
+def test_a_trickling_service_costs_the_deadline_once(bench):
+    """A service that answers one byte every 0.2 s (each read well inside httpx's timeout,
+    the whole answer far past it) costs one deadline: then Triton's own choice (pinned: the
+    first config), and the next key is not asked."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                listener.settimeout(0.2)
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 50:
+                    if stop.is_set():
+                        return
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        break
+                    time.sleep(0.2)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        tuner.configure(client=TunerClient(url, timeout=1.0))
+        tuner.install(pinned=True)
+        started = time.monotonic()
+        launch(D_SERVED)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        launch(D_OTHER)
+        second = time.monotonic() - started
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
+    assert 1.0 <= first < 1.0 + max(3.0, 2 * second)
+    assert second < 1.0
+    assert set(sources(l2norm_fwd_kernel).values()) == {"pinned"}
+    assert chosen(D_SERVED) == LISTED[0] and bench.calls == 0
 
 
 # -- a fresh process: kernels imported after the hook --------------------------------------

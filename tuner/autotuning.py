@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import logging
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuner.client import TunerClient
@@ -63,6 +66,7 @@ class _Options:
     deadline_s: float = 2.0
     report_misses: bool = True
     timing: str = DEFAULT_TIMING
+    keys_file: str | None = None
 
 
 _options: _Options | None = None
@@ -74,7 +78,18 @@ def _from_env() -> _Options:
     env = ClientSettings()
     return _Options(url=env.url or None, api_key=env.api_key or None,
                     configs_file=env.configs_file or None, deadline_s=env.lookup_deadline_s,
-                    report_misses=env.report_misses, timing=env.timing)
+                    report_misses=env.report_misses, timing=env.timing,
+                    keys_file=env.keys_file)
+
+
+def default_keys_file(url: str | None) -> Path | None:
+    """Where a process remembers the lookups it asked ``url`` (``TUNER_KEYS_FILE`` unset):
+    ``$XDG_CACHE_HOME/tuner`` (else ``~/.cache/tuner``), one file per service."""
+    if not url:
+        return None
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+    return Path(cache) / "tuner" / f"keys-{digest}.json"
 
 
 def configure(*, url: str | None = None, api_key: str | None = None,
@@ -108,10 +123,13 @@ def shared_client() -> TunerClient:
     with _state_lock:
         if _client is None:
             options = _options = _options or _from_env()
+            keys = options.keys_file if options.keys_file is not None else (
+                default_keys_file(options.url))
             _client = TunerClient(options.url, api_key=options.api_key,
                                   timeout=options.deadline_s,
                                   configs_file=options.configs_file,
-                                  report_misses=options.report_misses, timing=options.timing)
+                                  report_misses=options.report_misses, timing=options.timing,
+                                  keys_file=keys or None)
         return _client
 
 

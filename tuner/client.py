@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 
 #: ``device=AUTO``: detect this process's device on the first lookup
 AUTO = "auto"
+#: the most items of one POST /configs/query (the service refuses more)
+QUERY_ITEMS_MAX = 4_096
+#: the most lookups a keys file remembers (the newest)
+KEYS_FILE_MAX = 4_000
 
 
 #: how many times a job request answered 503 is sent again (``TunerClient._request``)
@@ -182,7 +187,7 @@ class TunerClient:
                  cache_file: str | Path | None = None, retry_after_s: float = 30.0, *,
                  configs_file: str | Path | None = None, device: str | None = AUTO,
                  report_misses: bool = False, client_name: str | None = None,
-                 timing: str | None = None) -> None:
+                 timing: str | None = None, keys_file: str | Path | None = None) -> None:
         headers = {"X-API-Key": api_key} if api_key else {}
         self.base_url = base_url.rstrip("/") if base_url else None
         self._http = httpx.Client(base_url=self.base_url or "http://service.invalid",
@@ -190,6 +195,10 @@ class TunerClient:
         self.timeout = timeout
         self.cache_file = Path(cache_file).expanduser() if cache_file else None
         self.configs_file = Path(configs_file).expanduser() if configs_file else None
+        #: the lookups this client's processes asked the service (``recall``): the first
+        #: request of a process asks them all at once, so a restart asks once
+        self.keys_file = Path(keys_file).expanduser() if keys_file else None
+        self._recalled = False
         self.retry_after_s = retry_after_s
         self.report_misses = report_misses
         self.client_name = client_name or socket.gethostname()
@@ -291,14 +300,67 @@ class TunerClient:
         items = [{"kernel": kernel, "dtype": dtype, "shape": dict(s), "device": device,
                   "kernel_version": version, "triton_version": self.triton_version, **method}
                  for s in shapes]
-        data = self._query(items)
+        keys = [self._key(kernel, shape, dtype, device, kernel_version, timing)
+                for shape in shapes]
+        recalled = self._recall(set(keys), QUERY_ITEMS_MAX - len(items))
+        data = self._query(items + [item for _, item in recalled])
+        if data is None and recalled and time.monotonic() >= self._down_until:
+            # the service answered, refusing an earlier process's lookup (a kernel gone)
+            self._forget()
+            recalled, data = [], self._query(items)
         if data is None:
             return 0
-        for shape, answer in zip(shapes, data, strict=True):
-            self._answers[self._key(kernel, shape, dtype, device, kernel_version,
-                                    timing)] = answer
+        for key, answer in zip(keys + [k for k, _ in recalled], data, strict=True):
+            self._answers[key] = answer
+        self._remember(zip(keys, items, strict=True))
         self._save_cache()
-        return len(data)
+        return len(items)
+
+    def _read_keys(self) -> dict[str, dict[str, Any]]:
+        assert self.keys_file is not None
+        try:
+            data = json.loads(self.keys_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(
+            data, dict) else {}
+
+    def _recall(self, asking: set[str], room: int) -> list[tuple[str, dict[str, Any]]]:
+        """On this client's first request: the lookups earlier processes asked (the keys
+        file) for this device and Triton, not answered yet, to ask in the same request."""
+        if self._recalled or self.keys_file is None or room <= 0:
+            return []
+        self._recalled = True
+        saved = self._read_keys()
+        return [(key, item) for key, item in saved.items()
+                if key not in asking and key not in self._answers
+                and item.get("device") == self.device
+                and item.get("triton_version") == self.triton_version][:room]
+
+    def _remember(self, asked: Any) -> None:
+        """Add this process's lookups to the keys file (atomically; the newest
+        ``KEYS_FILE_MAX``)."""
+        if self.keys_file is None:
+            return
+        with self._lock:
+            saved = self._read_keys()
+            new = {key: item for key, item in asked if key not in saved}
+            if not new:
+                return
+            merged = list({**saved, **new}.items())[-KEYS_FILE_MAX:]
+            try:
+                self.keys_file.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.keys_file.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(dict(merged), sort_keys=False))
+                tmp.replace(self.keys_file)
+            except OSError as exc:
+                log.warning("could not write keys file %s: %s", self.keys_file, exc)
+
+    def _forget(self) -> None:
+        """The keys file named a lookup the service refused: it is started anew."""
+        if self.keys_file is not None:
+            log.warning("the service refused a lookup of %s: starting it anew", self.keys_file)
+            self.keys_file.unlink(missing_ok=True)
 
     def _query(self, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         body: dict[str, Any] = {"items": items}
@@ -461,10 +523,13 @@ class TunerClient:
     def submit_job(self, kernel: str, shapes: Sequence[Mapping[str, int]], dtype: str, *,
                    trials: int = 48, seconds: float | None = None, strategy: str = "auto",
                    force: bool = False, device: str | None = None, seed: int = 0,
-                   backend: str = "auto", timing: str | None = None) -> dict[str, Any]:
+                   backend: str = "auto", timing: str | None = None,
+                   future_device: bool = False) -> dict[str, Any]:
         """Queue a tuning job timed with ``timing`` (default: the client's); the service's
         answer: ``id``, ``status``, ``url``, ``deduplicated`` (an identical active job was
-        returned) and ``answered_from_store`` (shapes already tuned, answered at once)."""
+        returned) and ``answered_from_store`` (shapes already tuned, answered at once).
+        ``future_device``: ``device`` is for a worker that has not registered yet (else the
+        service refuses a key it does not know)."""
         timing = timing or self.timing
         body: dict[str, Any] = {
             "kernel": kernel, "dtype": dtype, "shapes": [dict(s) for s in shapes],
@@ -472,7 +537,17 @@ class TunerClient:
             "force": force, "device": device, "seed": seed, "backend": backend}
         if timing != DEFAULT_TIMING:  # unnamed, an older service takes the body too
             body["timing"] = timing
+        if future_device:
+            body["future_device"] = True
         return self._request("POST", "/api/v1/jobs", json=body)
+
+    def stored_configs(self, kernel: str | None = None, dtype: str | None = None,
+                       device: str | None = None) -> list[dict[str, Any]]:
+        """Every stored best config of the service (``GET /configs/stored``) of ``kernel``,
+        ``dtype`` and ``device`` where given, each with its whole identity and times."""
+        params = {k: v for k, v in (("kernel", kernel), ("dtype", dtype), ("device", device))
+                  if v}
+        return list(self._request("GET", "/api/v1/configs/stored", params=params)["data"])
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job and its tasks; ``job_id``: its id or a unique prefix of it (4 characters

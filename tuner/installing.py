@@ -250,12 +250,38 @@ def _report(autotuner: Any, cache: ServedCache, key: Any, timings: dict[Any, Any
                 measured.append({"config": config_from_triton(config).to_dict(),
                                  "p20_ms": p20, "p50_ms": p50, "p80_ms": p80})
         if measured:
+            gpu = {k: v for k, v in _gpu_sample().items() if v is not None}
             client.report_measured([{
                 "kernel": name, "kernel_version": version, "dtype": problem[1],
                 "shape": problem[0], "device": client.device,
-                "triton_version": client.triton_version or "", "timings": measured}])
+                "triton_version": client.triton_version or "", "timings": measured,
+                "timed_by": TIMED_BY, **({"gpu": gpu} if gpu else {})}])
     except Exception as exc:  # noqa: BLE001 - a background report never fails a launch
         cache._warn(f"measured timings not sent ({type(exc).__name__}: {exc})")
+
+
+#: how Triton's autotuner times each config (``Autotuner._bench``: ``do_bench``, eager, its L2
+#: flushed before each run; the 50th, 20th and 80th percentiles)
+TIMED_BY = "triton.autotune (do_bench: eager, L2 flushed)"
+_monitor: Any = None
+
+
+def _gpu_sample() -> dict[str, Any]:
+    """The GPU's clocks, power, temperature and throttle reasons now (NVML; empty without a GPU
+    or NVML), sampled right after Triton's benchmark, reported with its timings."""
+    global _monitor
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        if _monitor is None:
+            from tuner.gpu_state import open_monitor, torch_device_ids
+
+            _monitor = open_monitor(*torch_device_ids(torch.cuda.current_device()))
+        return dict(_monitor.sample())
+    except Exception:  # noqa: BLE001 - the GPU's state is a label, never a failure
+        return {}
 
 
 def flush_reports(timeout_s: float = 10.0) -> None:

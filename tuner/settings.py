@@ -277,6 +277,10 @@ class ClientSettings(BaseSettings):
     api_key: str = ""
     #: an exported configs file (``tuner export``), consulted before the service
     configs_file: str = ""
+    #: the lookups earlier processes asked the service, asked all at once by the next process's
+    #: first lookup (unset: ``~/.cache/tuner/keys-<service>.json`` when ``url`` is set; empty:
+    #: none)
+    keys_file: str | None = None
     #: one deadline, in seconds, for a whole lookup request, however slowly the server answers
     lookup_deadline_s: float = Field(default=2.0, gt=0, le=600)
     #: ask the service to tune shapes it could not answer exactly (for the next start-up)

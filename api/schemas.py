@@ -125,7 +125,12 @@ class JobCreate(Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     device: str | None = Field(None, max_length=DEVICE_KEY_MAX,
                                description="target device key (GET /devices); default: any "
-                                           "worker")
+                                           "worker. A key no worker has registered is refused "
+                                           "(422 naming ``device``, listing the known ones) "
+                                           "unless ``future_device``")
+    future_device: bool = Field(False, description="``device`` is meant for a worker that has "
+                                "not registered yet: queue the job for it instead of refusing "
+                                "the key as a typo")
     backend: Literal["auto", "cuda", "interpret"] = "auto"
     timing: Timing = Field("eager-flushed", description=TIMING_DOC + "; ``cuda-graph`` needs a "
                            "GPU worker (the CPU interpreter cannot replay CUDA graphs)")

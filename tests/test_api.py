@@ -85,7 +85,8 @@ def test_a_job_partly_tuned_queues_only_the_new_shapes(api_client, api_db_url):
 
 def test_a_job_without_a_device_is_claimed_by_any_worker(api_client, api_db_url):
     api_client.post("/api/v1/jobs", json=JOB)
-    pinned = api_client.post("/api/v1/jobs", json={**JOB, "device": GPU}).json()
+    pinned = api_client.post("/api/v1/jobs", json={**JOB, "device": GPU,
+                                                   "future_device": True}).json()
     outcome = run_worker_once(api_db_url)
     assert outcome.status == "succeeded" and outcome.device_key == INTERPRETER
     idle = Worker(init_db(api_db_url), backend_kind="interpret", device_key=INTERPRETER)
@@ -183,7 +184,8 @@ def test_bf16_matmul_is_refused_when_only_interpreter_workers_are_live(any_clien
     refused = any_client.post("/api/v1/jobs", json={**BF16, "budget": {"trials": 4}})
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "dtype"]
     assert "interpreter" in refused.json()["detail"][0]["msg"]
-    assert any_client.post("/api/v1/jobs", json={**BF16, "device": GPU}).status_code == 202
+    assert any_client.post("/api/v1/jobs", json={**BF16, "device": GPU,
+                                                  "future_device": True}).status_code == 202
     live_worker(any_db_url, GPU, "cuda")  # a GPU can run it
     assert any_client.post("/api/v1/jobs", json={**BF16, "budget": {"trials": 4}}).status_code == (
         202)
@@ -257,7 +259,8 @@ def age_job(db_url: str, job_id: str, minutes: float) -> None:
 
 def test_a_job_for_a_device_no_worker_has_says_it_is_waiting(any_client, any_db_url):
     live_worker(any_db_url, INTERPRETER, "interpret")
-    made_up = any_client.post("/api/v1/jobs", json={**JOB, "device": "cuda:Made Up:sm00"}).json()
+    made_up = any_client.post("/api/v1/jobs", json={**JOB, "device": "cuda:Made Up:sm00",
+                                                    "future_device": True}).json()
     served = any_client.post("/api/v1/jobs", json={**JOB, "device": INTERPRETER}).json()
     assert any_client.get(made_up["url"]).json()["waiting"] is None  # not one lease length yet
     age_job(any_db_url, made_up["id"], 5)

@@ -130,7 +130,8 @@ def test_a_valid_job_still_passes_the_guard(client):
         {**JOB, "device": "caf\u00e9:\u00fcber", "budget": {"trials": 3, "seconds": 1e300}}))
     assert created.status_code == 422  # above a year: pydantic's bound, not the guard's
     created = post_text(client, "/api/v1/jobs", json.dumps(
-        {**JOB, "device": "caf\u00e9:\u00fcber", "budget": {"trials": 3, "seconds": 1.5e3}}))
+        {**JOB, "device": "caf\u00e9:\u00fcber", "future_device": True,
+         "budget": {"trials": 3, "seconds": 1.5e3}}))
     assert created.status_code == 202, created.text
     job = client.get(created.json()["url"]).json()
     assert job["device"] == "caf\u00e9:\u00fcber" and job["budget_seconds"] == 1500.0

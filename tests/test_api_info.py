@@ -63,7 +63,8 @@ def register_gpus(db_url: str, count: int, *, busy_task: int | None = None,
 
 
 def test_healthz_reports_each_worker_with_its_gpu_status_and_task(api_client, api_db_url):
-    job = api_client.post("/api/v1/jobs", json={**JOB, "device": GPU}).json()
+    job = api_client.post("/api/v1/jobs", json={**JOB, "device": GPU,
+                                                "future_device": True}).json()
     task_id = api_client.get(job["url"]).json()["tasks"][0]["id"]
     register_gpus(api_db_url, 3, busy_task=task_id, stale="host-a:2")
     workers = api_client.get("/healthz").json()["workers"]["workers"]

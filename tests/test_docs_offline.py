@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.api_support import GPU, running_app, store
+from tests.api_support import GPU, register_devices, running_app, store
 from tests.support_browser import new_page
 from tuner.settings import Settings
 
@@ -220,6 +220,7 @@ def test_try_it_out_submits_the_example_job(offline_page, served):
     """POST /jobs's "Try it out" starts from the example body, which queues a job as is."""
     import httpx
 
+    register_devices(served["db"], GPU)  # the example's device, as its worker registers it
     offline_page.goto("/docs")
     block = offline_page.locator("#operations-jobs-submit_job_api_v1_jobs_post")
     block.locator(".opblock-summary").first.click()

@@ -121,7 +121,7 @@ def test_a_stale_best_from_a_job_is_retuned_with_that_jobs_budget(api_client, ap
     source changing: its re-tune asks for the trials its job had."""
     job = api_client.post("/api/v1/jobs", json={
         "kernel": "matmul", "dtype": "float16", "shapes": [{"M": 16, "N": 16, "K": 16}],
-        "budget": {"trials": 3}, "device": INTERPRETER, "force": True})
+        "budget": {"trials": 3}, "device": INTERPRETER, "future_device": True, "force": True})
     assert job.status_code == 202, job.text
     assert run_worker_once(api_db_url).status == "succeeded"
     assert _stale(api_client) == []
@@ -199,7 +199,7 @@ def test_the_compare_page_lists_the_jobs_that_tuned_the_shape(api_client, api_db
     shape = {"M": 16, "N": 16, "K": 16}
     job = api_client.post("/api/v1/jobs", json={
         "kernel": "matmul", "dtype": "float16", "shapes": [shape], "budget": {"trials": 2},
-        "device": INTERPRETER, "force": True}).json()
+        "device": INTERPRETER, "future_device": True, "force": True}).json()
     assert run_worker_once(api_db_url).status == "succeeded"
     page = api_client.get("/dashboard/compare", params={
         "kernel": "matmul", "dtype": "float16", "shape": "M=16,N=16,K=16"})

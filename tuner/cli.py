@@ -148,7 +148,10 @@ def _add_service_commands(sub: Any) -> None:
                         "(default: float16)")
     _add_budget_options(submit, " per shape")
     submit.add_argument("--device", help="the device key that must run it, e.g. 'cuda:NVIDIA "
-                        "H200:sm90' (default: any worker)")
+                        "H200:sm90' (default: any worker); a key no worker has registered "
+                        "is refused unless --future-device")
+    submit.add_argument("--future-device", action="store_true", help="--device is for a "
+                        "worker that has not registered yet: queue the job for it")
     submit.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
     _add_timing_option(submit)
     submit.add_argument("--force", action="store_true", help="tune shapes already tuned for "

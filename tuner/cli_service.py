@@ -108,7 +108,7 @@ def submit(args: argparse.Namespace) -> int:
         created = client.submit_job(
             args.kernel, shapes, args.dtype, trials=args.trials, seconds=args.seconds,
             strategy=args.strategy, force=args.force, device=args.device, seed=args.seed,
-            backend=args.backend, timing=args.timing)
+            backend=args.backend, timing=args.timing, future_device=args.future_device)
         page = job_page(client.base_url or "", created["id"])
         if args.json and not args.wait:
             print(json.dumps({**created, "dashboard_url": page}))
@@ -165,7 +165,7 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         shapes = len(job["tasks"])
         print(f"{job['id'][:SHORT_ID]}  {job['status']:<9}  {job['kernel']} {job['dtype']}  "
               f"{shapes} shape{'s' if shapes != 1 else ''}  {done}/{budget} trials  "
-              f"{job['created_at']}")
+              f"device {job.get('device') or 'any'}  {job['created_at']}")
 
 
 def _print_job(job: dict[str, Any], page: str) -> None:
@@ -173,6 +173,7 @@ def _print_job(job: dict[str, Any], page: str) -> None:
     print(f"job       {job['id']} {job['status']}")
     print(f"kernel    {job['kernel']} ({job['kernel_version']}) {job['dtype']}, strategy "
           f"{job['strategy']}, {job['budget_trials']} trials per shape")
+    print(f"device    {job.get('device') or 'any worker'}")
     print(f"progress  {done}/{budget} trials")
     print(f"dashboard {page}")
     for note in (job.get("waiting"), job.get("error")):
@@ -233,8 +234,17 @@ class _Progress:
         self.enabled = enabled
         self.tty = enabled and sys.stderr.isatty()
         self.last = ""
+        self.note: str | None = None
 
     def show(self, job: dict[str, Any]) -> None:
+        note = job.get("waiting")
+        if note and note != self.note:  # why it has not started: shown even with --quiet
+            if self.tty and self.last:
+                sys.stderr.write("\n")
+                self.last = ""
+            sys.stderr.write(f"tuner: job {job['id'][:SHORT_ID]} is waiting: {note}\n")
+            sys.stderr.flush()
+        self.note = note
         line = progress_line(job)
         if not self.enabled or line == self.last:
             return

@@ -125,6 +125,19 @@ def gpu_memory_for(session: Session, body: JobCreate, settings: Settings) -> int
     return max(sizes) if sizes else None
 
 
+def check_known_device(session: Session, body: JobCreate) -> None:
+    """A target ``device`` no worker has registered is refused (a typo such as ``interpret``
+    for ``interpret:cpu`` would otherwise sit queued for good), naming the known devices;
+    ``future_device`` queues it for a worker yet to come."""
+    if body.device is None or body.future_device or repo.get_device(
+            session, body.device) is not None:
+        return
+    known = ", ".join(sorted(d.key for d in repo.list_devices(session))) or "none yet"
+    raise InvalidRequest(f"device {body.device!r} is not a device any worker has registered "
+                         f"(known devices: {known}); set future_device: true to queue it for "
+                         "a worker yet to come", field="device")
+
+
 def _validated_shapes(kernel: TunableKernel, body: JobCreate,
                       max_shapes: int) -> list[dict[str, int]]:
     if len(body.shapes) > max_shapes:
@@ -152,9 +165,11 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     ``timing`` says how configs are timed (``eager-flushed``, the default; ``cuda-graph``;
     ``eager-hot``) and is part of the stored bests' identity: a shape tuned one way is not
     answered from the store for another. A ``cuda-graph`` job that only the CPU interpreter
-    could run is refused (422 naming ``timing``)."""
+    could run is refused (422 naming ``timing``). A ``device`` no worker has registered is
+    refused (422 naming ``device``, listing the known devices) unless ``future_device``."""
     kernel = kernel_or_error(body.kernel)
     check_dtype(kernel, body.dtype)
+    check_known_device(session, body)
     interpreter = only_interpreter(session, body, settings)
     check_job_interpreter_dtype(kernel, body.dtype, interpreter)
     check_job_interpreter_timing(body.timing, interpreter)

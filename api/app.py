@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api import errors, serving
 from api.gate import RequestGate, access_table
-from api.routes import configs, devices, health, jobs, kernels, measured, misses
+from api.routes import configs, devices, health, jobs, kernels, measured, misses, stored
 from api.validation import HostileInputGuard
 from db.engine import init_db
 from search_spaces import get_kernel, kernel_names
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   docs_url=None if assets else "/docs", redoc_url=None if assets else "/redoc")
     app.state.settings = settings
     api = APIRouter(prefix=API_PREFIX)
-    routers = [m.router for m in (jobs, configs, measured, misses, kernels, devices)]
+    routers = [m.router for m in (jobs, configs, stored, measured, misses, kernels, devices)]
     for router in routers:
         api.include_router(router)
     app.include_router(api)

@@ -363,6 +363,7 @@ def test_export_with_no_match_exits_1_and_leaves_the_out_file_alone(source, tmp_
 
 
 def test_export_of_an_empty_store_says_so(target, capsys):
+    init_db(target)  # an empty store (a database that does not exist is another error)
     assert main(["--db", target, "export"]) == 1
     assert one_error_line(capsys) == "tuner: no stored configs to export: the store is empty"
 

@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     configs.add_argument("--dtype")
     configs.add_argument("--device", help="device key, e.g. 'cuda:NVIDIA H200:sm90'")
     configs.add_argument("--json", action="store_true")
+    _add_read_options(configs)
 
     sub.add_parser("kernels", help="list the registered kernels")
 
@@ -108,6 +109,15 @@ def _add_db_option(command: argparse.ArgumentParser) -> None:
                          "(as the global --db)")
 
 
+def _add_read_options(command: argparse.ArgumentParser) -> None:
+    """Where ``configs`` and ``export`` read stored configs: a running service (``--url``, else
+    ``TUNER_URL`` when no ``--db`` or ``TUNER_DATABASE_URL`` names a database), else the local
+    database, which must exist (reading never creates one)."""
+    command.add_argument("--url", default=None, help="read a running service over HTTP "
+                         "(default: TUNER_URL, unless --db or TUNER_DATABASE_URL names a "
+                         "database; the API key is TUNER_API_KEY)")
+
+
 def _add_file_commands(sub: Any) -> None:
     export = sub.add_parser("export", help="write stored best configs to a file for use "
                             "without the service (tuner-configs-v1, or vLLM's format)")
@@ -129,6 +139,7 @@ def _add_file_commands(sub: Any) -> None:
                         "--format vllm, a directory gets the file vLLM looks for "
                         "(E=8,N=14336,device_name=NVIDIA_H200.json)")
     _add_db_option(export)
+    _add_read_options(export)
 
     load = sub.add_parser("import", help="load a tuner-configs-v1 file into the store (the "
                           "faster of a stored and an imported config is kept)")

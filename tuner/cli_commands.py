@@ -20,7 +20,6 @@ from tuner.shapes import parse_shape, shape_label, validate_shape
 if TYPE_CHECKING:  # imported where used, so that ``tuner --help`` stays quick
     from sqlalchemy.orm import Session
 
-    from db.models import BestConfig
     from tuner.configs_file import ConfigsEntry
 
 
@@ -35,6 +34,14 @@ def _session_factory(settings: Settings) -> Any:
     from db.engine import init_db
 
     return init_db(settings.resolved_database_url, bounds=settings.database_bounds)
+
+
+def _read_errors(handler: Any) -> Any:
+    """A reading command's service errors as ``tuner.cli_service``'s commands report them
+    (one line, exit 3 when unreachable, 2 when refused)."""
+    from tuner.cli_service import _service_errors
+
+    return _service_errors(handler)
 
 
 def check_strategy(name: str) -> None:
@@ -321,15 +328,72 @@ def _print_summary(s: dict[str, Any]) -> None:
           f"wall time {s['wall_s']:.1f} s")
 
 
-def configs(args: argparse.Namespace) -> int:
+def _read_url(args: argparse.Namespace) -> str | None:
+    """The service a reading command (``configs``, ``export``) reads: ``--url``, else
+    ``TUNER_URL`` where no ``--db`` or ``TUNER_DATABASE_URL`` names a database; None: the
+    local database."""
+    if getattr(args, "url", None):
+        return str(args.url)
+    if getattr(args, "db", None) or Settings().database_url:
+        return None
+    from tuner.cli_service import _client_settings
+    from tuner.settings import ClientSettings
+
+    return str(_client_settings(ClientSettings).url or "") or None
+
+
+def _existing_database(settings: Settings) -> Any:
+    """The session factory of a database that exists: a SQLite file that is missing is an
+    error naming it (a reading command never creates a database)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    url = settings.resolved_database_url
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database or "").expanduser().resolve()
+        if not path.is_file():
+            raise InvalidRequest(f"no database at {path}: give --db URL, or --url (or "
+                                 "TUNER_URL) to read a running service", field="db")
+    return _session_factory(settings)
+
+
+def _stored_rows(args: argparse.Namespace) -> tuple[list[Any], bool]:
+    """The stored bests that ``args``' filters select (rows with ``BestConfig``'s attributes)
+    and whether they came from a service."""
+    from types import SimpleNamespace
+
+    url = _read_url(args)
+    if url is not None:
+        from tuner.cli_service import REQUEST_TIMEOUT_S, _client_settings
+        from tuner.client import TunerClient
+        from tuner.settings import ClientSettings
+
+        key = _client_settings(ClientSettings).api_key or None
+        with TunerClient(url, api_key=key, timeout=REQUEST_TIMEOUT_S) as client:
+            data = client.stored_configs(kernel=args.kernel, dtype=args.dtype,
+                                         device=args.device)
+        return [SimpleNamespace(**row) for row in data], True
     from db import repo
 
-    factory = _session_factory(_settings(args))
+    try:
+        factory = _existing_database(_settings(args))
+    except InvalidRequest:
+        _check_kernel_filter(args.kernel)  # a typo is the first thing to say
+        raise
     with factory() as session:
         rows = repo.list_best(session, kernel=args.kernel, device_key=args.device,
                               dtype=args.dtype)
-        data = [_config_row(r) for r in rows]
-    if not data:
+        session.expunge_all()
+    return list(rows), False
+
+
+@_read_errors
+def configs(args: argparse.Namespace) -> int:
+    rows, remote = _stored_rows(args)
+    data = [_config_row(r) for r in rows]
+    if not data and not remote:
         _check_kernel_filter(args.kernel)
     if args.json:
         print(json.dumps(data))
@@ -393,17 +457,14 @@ def serve(args: argparse.Namespace) -> int:
 
 # -- export / import: configs files for use without the service (tuner.configs_file) -----------
 
+@_read_errors
 def export(args: argparse.Namespace) -> int:
-    from db import repo
     from tuner import configs_file
 
     where = _parse_where(args.where)
-    factory = _session_factory(_settings(args))
-    with factory() as session:
-        rows = repo.list_best(session, kernel=args.kernel, device_key=args.device,
-                              dtype=args.dtype)
-        entries = [_entry_of(r) for r in rows if _selected(r, where, args)]
-    if not rows:
+    rows, remote = _stored_rows(args)
+    entries = [_entry_of(r) for r in rows if _selected(r, where, args)]
+    if not rows and not remote:
         _check_kernel_filter(args.kernel)
     if not entries:
         print(f"tuner: {_nothing_matches(args)}", file=sys.stderr)
@@ -426,7 +487,7 @@ def _parse_where(text: str | None) -> dict[str, int]:
         raise InvalidRequest(f"--where {text!r}: {exc}", field="where") from None
 
 
-def _selected(row: BestConfig, where: dict[str, int], args: argparse.Namespace) -> bool:
+def _selected(row: Any, where: dict[str, int], args: argparse.Namespace) -> bool:
     from tuner.identity import same_triton_minor
 
     if any(row.shape.get(dim) != value for dim, value in where.items()):
@@ -447,7 +508,7 @@ def _nothing_matches(args: argparse.Namespace) -> str:
     return f"no stored configs match {', '.join(filters)} (tuner configs lists what is stored)"
 
 
-def _entry_of(row: BestConfig) -> ConfigsEntry:
+def _entry_of(row: Any) -> ConfigsEntry:
     from tuner.config import KernelConfig
     from tuner.configs_file import ConfigsEntry
 

@@ -23,6 +23,7 @@ from search_spaces import get_kernel
 from tuner.dtypes import check_dtype as check_dtype
 from tuner.dtypes import check_interpreter_dtype
 from tuner.errors import InvalidRequest, InvalidShape
+from tuner.interpreter_estimate import interpreter_trial_seconds as interpreter_trial_seconds
 from tuner.kernel import TunableKernel
 from tuner.shapes import validate_shape
 from tuner.strategies import strategy_names
@@ -139,30 +140,12 @@ def check_strategy(name: str) -> None:
                              f"{', '.join(strategy_names())}", field="strategy")
 
 
-#: launches of the kernel in one interpreter trial: one verified against the reference, three
-#: timed (tuner/backends/child.py)
-INTERPRETER_LAUNCHES_PER_TRIAL = 4
-#: the Triton 3.9 CPU interpreter's fastest rates measured on a 2-core x86 machine: matmul
-#: 512^3 fp16 at BLOCK 256x256x128 ran at 0.82 GFLOP/s (the default 64x64x32 tiles: 0.09),
-#: softmax 1024x4096 fp16 moved 5 MB/s; the byte rate is taken 2x faster than measured so that
-#: the estimate stays a lower bound on other machines and kernels
-INTERPRETER_FLOP_PER_S = 0.82e9
-INTERPRETER_BYTES_PER_S = 10e6
-
-
-def interpreter_trial_seconds(kernel: TunableKernel, shape: Mapping[str, int],
-                              dtype: str) -> float:
-    """A lower bound on one trial's time on the CPU interpreter, from the kernel's flop and
-    byte counts (0 where the kernel gives none)."""
-    launch = max(kernel.flops(shape) / INTERPRETER_FLOP_PER_S,
-                 kernel.bytes(shape, dtype) / INTERPRETER_BYTES_PER_S)
-    return INTERPRETER_LAUNCHES_PER_TRIAL * launch
-
-
 def check_interpreter_size(kernel: TunableKernel, shapes: list[dict[str, int]], dtype: str,
                            limit_s: float, budget_s: float | None = None) -> None:
     """A job only the interpreter can run must not sit at 0 trials for hours: refuse shapes
-    whose one trial would take longer than ``limit_s`` (TUNER_INTERPRETER_TRIAL_LIMIT_S)."""
+    whose one trial would take longer than ``limit_s`` (TUNER_INTERPRETER_TRIAL_LIMIT_S), or
+    than the job's time budget ``budget_s`` (its every task would end with no trial: the
+    worker stops a task at its budget, ``tuner/worker.py``)."""
     for i, shape in enumerate(shapes):
         estimate = interpreter_trial_seconds(kernel, shape, dtype)
         if budget_s is not None and estimate > budget_s:

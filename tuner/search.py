@@ -256,7 +256,7 @@ class SearchLoop:
         o = self.options
         if len(self.trials) >= self.cap:
             return "budget"
-        if o.time_budget_s is not None and time.monotonic() - started >= o.time_budget_s:
+        if self._out_of_time(started):
             return "time"
         if self.should_stop is not None and self.should_stop():
             return "cancelled"
@@ -273,6 +273,10 @@ class SearchLoop:
         if not self.backend.healthy:
             return "device unhealthy"
         return None
+
+    def _out_of_time(self, started: float) -> bool:
+        budget = self.options.time_budget_s
+        return budget is not None and time.monotonic() - started >= budget
 
     def _listed_done(self) -> bool:
         """Whether every config of the user's list was measured."""
@@ -342,8 +346,8 @@ class SearchLoop:
                 finalists = self._fastest_verified()
             else:
                 finalists, incumbent, baseline, default = self._retime_finalists()
-        except MeasuringStopped:
-            reason = "cancelled"
+        except MeasuringStopped:  # a cancel, or the time budget spent (the worker's deadline)
+            reason = "time" if self._out_of_time(started) else "cancelled"
             finalists = self._fastest_verified()
         except (KeyboardInterrupt, Exception) as exc:
             if not interrupted_by(exc):  # a KeyboardInterrupt, or an error raised under one

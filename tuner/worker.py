@@ -29,6 +29,7 @@ from tuner.backends.base import use_timing
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
+from tuner.interpreter_estimate import interpreter_time_budget_s
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.roofline import roofline
@@ -192,6 +193,9 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
     task_id = run.task_id
     job_id, kernel, shape, dtype, resume, options_base, wanted = run.store(
         "reading the task", lambda: _read_task(run, settings))
+    if options_base["time_budget_s"] is None and backend_kind == "interpret":
+        options_base["time_budget_s"] = interpreter_time_budget_s(
+            kernel, shape, dtype, options_base["trials"])
     shared = backend is not None
     kept = keeper is not None and not shared and backend_kind != "replay"
     seed = job_seed(options_base)
@@ -351,7 +355,7 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
     # about CANCEL_POLL_S, not after a long compile or the finalists' re-timing)
     interruptible = hasattr(backend, "interrupt")
     if interruptible:
-        backend.interrupt = stop
+        backend.interrupt = _with_deadline(stop, options.time_budget_s)
     stop.start()
     try:
         result = run_search(kernel, shape, dtype, backend, options,
@@ -659,6 +663,21 @@ def _requeue(run: _Run, why: str) -> TaskOutcome:
     log.warning("task %s requeued (%s): %s", run.task_id,
                 "released" if released else "left to its lease", why)
     return TaskOutcome(run.task_id, "requeued", None, None, False, why)
+
+
+#: how far past its time budget a task's measurement in flight (or its finalists' re-timing)
+#: may run before it is stopped, as a share of the budget
+TIME_BUDGET_OVERRUN = 0.25
+
+
+def _with_deadline(stop: Callable[[], bool], budget_s: float | None) -> Callable[[], bool]:
+    """The backend's ``interrupt``: ``stop``, and also once the task's time budget is spent
+    (with ``TIME_BUDGET_OVERRUN``): a config that hangs (60 s each on the interpreter) must not
+    hold the worker past the budget; the search then ends ``time``."""
+    if budget_s is None:
+        return stop
+    deadline = time.monotonic() + budget_s * (1 + TIME_BUDGET_OVERRUN)
+    return lambda: stop() or time.monotonic() >= deadline
 
 
 class _StopCheck:

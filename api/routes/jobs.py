@@ -179,7 +179,8 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
                              f"limit of {settings.max_trials}", field="budget.trials")
     shapes = _validated_shapes(kernel, body, settings.max_shapes_per_job)
     if interpreter:
-        check_interpreter_size(kernel, shapes, body.dtype, settings.interpreter_trial_limit_s)
+        check_interpreter_size(kernel, shapes, body.dtype, settings.interpreter_trial_limit_s,
+                               body.budget.seconds)
     else:
         check_fits_gpu(kernel, shapes, body.dtype, gpu_memory_for(session, body, settings))
     fields: dict[str, Any] = dict(

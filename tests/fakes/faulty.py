@@ -152,3 +152,17 @@ class SleepyKernel(FaultyKernel):
 
 
 SLEEPY = SleepyKernel()
+
+
+class HangsKernel(FaultyKernel):
+    """Three good configs, then three that hang at launch (``exhaustive`` order): a task whose
+    time budget is spent while a config hangs."""
+
+    name = "hangs"
+    ref = "tests.fakes.faulty:HANGS"
+
+    def space(self) -> SearchSpace:
+        return SearchSpace((Param.ints("MODE", (GOOD, HANG)), Param.ints("SLOW", (1, 2, 3))))
+
+
+HANGS = HangsKernel()

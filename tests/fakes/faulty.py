@@ -166,3 +166,36 @@ class HangsKernel(FaultyKernel):
 
 
 HANGS = HangsKernel()
+
+
+#: lines of the PTX Triton prints when ptxas rejects a config
+PTX_LINES = 1200
+
+
+class NoisyKernel(FaultyKernel):
+    """Prints as Triton does when ptxas rejects a config (the error, then the whole PTX) and
+    fails, for MODE=COMPILE_ERROR: in its compile (a compile pool's) and, where nothing is
+    compiled ahead (the interpreter's child), at launch. A good config prints three lines."""
+
+    name = "noisy"
+    ref = "tests.fakes.faulty:NOISY"
+
+    def _noise(self, config: KernelConfig) -> None:
+        if config["MODE"] == COMPILE_ERROR:
+            print("\n" + "=" * 64 + "\n`ptxas` failed with error code 255\n`ptxas` stderr:\n"
+                  "ptxas fatal   : Unresolved extern function 'nope'\n")
+            print("\n".join(f"\tld.global.v4.b32 {{%r{i}}}, [%rd{i}];  // PTX line {i}"
+                            for i in range(PTX_LINES)))
+            raise CompilationError("PTXASError: `ptxas` failed with error code 255")
+        print("compiled\nfine\nhere")
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        self._noise(config)
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        if config["MODE"] == COMPILE_ERROR:
+            self._noise(config)
+        super().launch(config, inputs)
+
+
+NOISY = NoisyKernel()

@@ -36,6 +36,7 @@ from functools import partial
 from itertools import cycle
 from typing import Any
 
+from tuner.backends.compiler_output import captured_stdout, pass_on
 from tuner.config import KernelConfig
 from tuner.gpu_state import (
     GpuMonitor,
@@ -574,7 +575,9 @@ def _serve(conn: Any, state: ChildState) -> None:
                 conn.send(("ok",))
             elif op == "measure":
                 best_ms = msg[3] if len(msg) > 3 else None
-                m, sticky = measure_one(state, msg[1], msg[2], conn.send, best_ms)
+                with captured_stdout() as printed:
+                    m, sticky = measure_one(state, msg[1], msg[2], conn.send, best_ms)
+                pass_on(printed.getvalue(), not m.ok, msg[1].key())
                 conn.send(("result", m, sticky))
             elif op == "retime":
                 baseline = bool(msg[4]) if len(msg) > 4 else False

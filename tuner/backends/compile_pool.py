@@ -56,6 +56,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
                dtype: str, device_index: int, parent_pid: int | None = None) -> None:
     os.setpgrp()  # the parent kills a timed-out compile together with the compilers it started
     from tuner.backends.child import die_with_parent, stacks_on_sigusr1
+    from tuner.backends.compiler_output import captured_stdout, pass_on
 
     stacks_on_sigusr1()
 
@@ -107,16 +108,18 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             continue
         t0 = time.perf_counter()
         reply: tuple[str, KernelConfig, float, str | None, str | None]
-        try:
-            if failed is not None:
-                raise RuntimeError(f"the compile inputs of this shape failed: {failed}")
-            if compile_fn is not None:
-                compile_fn(config, inputs)
-            reply = ("ok", config, time.perf_counter() - t0, None, None)
-        except Exception as exc:  # noqa: BLE001 - a failed compile is an outcome
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            reply = ("failed", config, time.perf_counter() - t0,
-                     classify_exception(exc).value, text[-4000:])
+        with captured_stdout() as printed:
+            try:
+                if failed is not None:
+                    raise RuntimeError(f"the compile inputs of this shape failed: {failed}")
+                if compile_fn is not None:
+                    compile_fn(config, inputs)
+                reply = ("ok", config, time.perf_counter() - t0, None, None)
+            except Exception as exc:  # noqa: BLE001 - a failed compile is an outcome
+                text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                reply = ("failed", config, time.perf_counter() - t0,
+                         classify_exception(exc).value, text[-4000:])
+        pass_on(printed.getvalue(), reply[0] == "failed", config.key())
         try:
             conn.send(reply)
         except OSError:  # the parent closed the pool while we compiled

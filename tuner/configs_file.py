@@ -244,6 +244,9 @@ def _write_json(data: Any, path: str | Path) -> None:
         text = json.dumps(data, indent=2, allow_nan=False)  # all or nothing here too
         sys.stdout.write(text + "\n")
         return
+    if _names_folder(str(path)):
+        raise InvalidRequest(f"--out {str(path)!r} is a folder: give the file's name in it, "
+                             f"e.g. {str(Path(path) / 'configs.json')!r}", field="out")
     target = Path(path)
     try:
         _replace_atomically(target, lambda f: json.dump(data, f, indent=2, allow_nan=False))
@@ -251,10 +254,24 @@ def _write_json(data: Any, path: str | Path) -> None:
         raise ConfigsFileError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
 
 
+def _names_folder(out: str) -> bool:
+    """``out`` is a folder: one that exists, or a name ending in a slash (``DIR/``)."""
+    return out.endswith(("/", os.sep)) or Path(out).is_dir()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _replace_atomically(target: Path, write: Callable[[Any], None]) -> None:
     # the temporary file lives next to the target so that the rename stays on one file system
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        # mkstemp makes it 0600: an exported file is read by other users' processes (a
+        # serving engine's), so it gets a new file's mode, 0644 under the usual umask
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             write(f)
             f.write("\n")
@@ -340,9 +357,16 @@ def vllm_file_name(entries: Sequence[ConfigsEntry]) -> str:
 
 def vllm_target(entries: Sequence[ConfigsEntry], out: str) -> str:
     """Where ``write_vllm`` writes: ``out`` itself, or, when ``out`` is a directory (vLLM's
-    ``VLLM_TUNED_CONFIG_FOLDER`` or its ``configs/`` folder), the file vLLM looks for in it."""
-    if out != STDOUT and Path(out).is_dir():
-        return str(Path(out) / vllm_file_name(entries))
+    ``VLLM_TUNED_CONFIG_FOLDER`` or its ``configs/`` folder; ``DIR/``, with its slash, is one
+    that is created where missing), the file vLLM looks for in it."""
+    if out != STDOUT and _names_folder(out):
+        name = vllm_file_name(entries)
+        try:
+            Path(out).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise ConfigsFileError(f"cannot create the folder {out!r}: "
+                                   f"{exc.strerror or exc}") from None
+        return str(Path(out) / name)
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from api import errors, serving
@@ -98,6 +98,10 @@ def _document(app: FastAPI) -> None:
 
 #: where the API pages' scripts and styles are served (the dashboard's are at /static)
 DOCS_STATIC = "/docs-static"
+#: the image ReDoc's script loads from another host (its "API docs by Redocly" link's logo),
+#: and what it shows instead: an empty image, no request
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+BLANK_IMAGE = "data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg'/%3E"
 
 
 def docs_assets() -> Path | None:
@@ -118,6 +122,15 @@ def _mount_docs(app: FastAPI, assets: Path) -> None:
     """/docs (Swagger UI) and /redoc with every file they load served by this app: they work
     on a machine with no network, as GPU clusters often are (the dashboard serves Plotly the
     same way)."""
+    redoc_js = (assets / "redoc.standalone.js").read_text(encoding="utf-8").replace(
+        REDOC_LOGO, BLANK_IMAGE)
+
+    # ReDoc's script as shipped loads its sidebar's logo from cdn.redoc.ly: served without it
+    # (registered before the mount, which would serve the file as shipped)
+    @app.get(f"{DOCS_STATIC}/redoc.standalone.js", include_in_schema=False)
+    async def redoc_script() -> Response:
+        return Response(redoc_js, media_type="text/javascript")
+
     app.mount(DOCS_STATIC, StaticFiles(directory=str(assets)), name="docs-static")
     title = app.title
 

@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     configs.add_argument("--json", action="store_true")
     _add_read_options(configs)
 
-    sub.add_parser("kernels", help="list the registered kernels")
+    kernels = sub.add_parser("kernels", help="list the registered kernels")
+    kernels.add_argument("--json", action="store_true", help="print one JSON object: the "
+                         "kernels and the plugins that did not load")
 
     worker = sub.add_parser("worker", help="claim and run queued tasks on a local GPU")
     worker.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
@@ -79,8 +81,11 @@ def _parser() -> argparse.ArgumentParser:
                              "its share (default 1; tuner serve passes its count)")
 
     serve = sub.add_parser("serve", help="start the API and one worker per local GPU")
-    serve.add_argument("--host", default=DEFAULT_HOST)
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"the address the API listens "
+                       f"on (default {DEFAULT_HOST}: this machine only; 0.0.0.0: every "
+                       "address, set TUNER_API_KEYS first)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the API's port "
+                       f"(default {DEFAULT_PORT})")
     serve.add_argument("--workers", type=int, default=None,
                        help="worker processes (default: one per GPU, or one interpreter worker)")
     serve.add_argument("--backend", default=None, choices=["auto", "cuda", "interpret"])
@@ -170,7 +175,8 @@ def _add_service_commands(sub: Any) -> None:
     submit.add_argument("--wait", action="store_true", help="then wait for it as tuner wait "
                         "does (and exit as it does)")
     _add_wait_options(submit)
-    _add_service_options(submit)
+    _add_service_options(submit, "print the queued job as one JSON object (its id, status, "
+                         "URL and dashboard_url; with --wait: the finished job)")
 
     status = sub.add_parser("status", help="a job's status, per shape: trials done, best so "
                             "far (without JOB: the newest jobs)")
@@ -180,17 +186,20 @@ def _add_service_commands(sub: Any) -> None:
                         "succeeded, failed, cancelled)")
     status.add_argument("--limit", type=int, default=20, help="without JOB: how many jobs "
                         "(default 20)")
-    _add_service_options(status)
+    _add_service_options(status, "print one JSON object, the job as the service answers it "
+                         "(without JOB: a list of jobs)")
 
     wait = sub.add_parser("wait", help="follow a job until it finishes: exit 0 if it "
                           "succeeded, 1 if it failed or was cancelled, 4 on --timeout")
     _add_job_argument(wait)
     _add_wait_options(wait)
-    _add_service_options(wait)
+    _add_service_options(wait, "print the finished job as one JSON object (as status --json "
+                         "does); progress stays on stderr")
 
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
     _add_job_argument(cancel)
-    _add_service_options(cancel)
+    _add_service_options(cancel, "print the job as one JSON object, as the service answered "
+                         "the cancel")
 
 
 def _add_job_argument(command: argparse.ArgumentParser, optional: bool = False) -> None:
@@ -208,11 +217,10 @@ def _add_wait_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def _add_service_options(command: argparse.ArgumentParser) -> None:
+def _add_service_options(command: argparse.ArgumentParser, json_help: str) -> None:
     command.add_argument("--url", default=None, help=f"the service (default: TUNER_URL, else "
                          f"{DEFAULT_URL}); the API key is TUNER_API_KEY")
-    command.add_argument("--json", action="store_true", help="print one JSON object (status "
-                         "without JOB: a list)")
+    command.add_argument("--json", action="store_true", help=json_help)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

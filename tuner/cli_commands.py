@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import time
@@ -427,7 +428,18 @@ def _config_row(r: Any) -> dict[str, Any]:
 def kernels(args: argparse.Namespace) -> int:
     from search_spaces import get_kernel, is_builtin, kernel_names, plugin_errors
 
-    for name in kernel_names():
+    # each plugin that did not load is listed below, once (not also as the registry's log line)
+    registry_log = logging.getLogger("search_spaces.registry")
+    registry_log.addFilter(_not_a_plugin_error)
+    try:
+        names = kernel_names()
+    finally:
+        registry_log.removeFilter(_not_a_plugin_error)
+    if getattr(args, "json", False):
+        print(json.dumps({"kernels": [_kernel_dict(get_kernel(n), is_builtin(n)) for n in names],
+                          "not_loaded": [e.to_dict() for e in plugin_errors()]}))
+        return 0
+    for name in names:
         k = get_kernel(name)
         dims = ", ".join(f"{d.name} in [{d.lo}, {d.hi}]" for d in k.dims)
         origin = "" if is_builtin(name) else f" [plugin {k.ref}]"
@@ -435,6 +447,16 @@ def kernels(args: argparse.Namespace) -> int:
     for e in plugin_errors():
         print(f"not loaded: {e.ref} ({e.source}): {e.error}", file=sys.stderr)
     return 0
+
+
+def _not_a_plugin_error(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("kernel plugin ")
+
+
+def _kernel_dict(kernel: Any, builtin: bool) -> dict[str, Any]:
+    return {"name": kernel.name, "version": kernel.version,
+            "dims": [{"name": d.name, "lo": d.lo, "hi": d.hi} for d in kernel.dims],
+            "dtypes": list(kernel.dtypes), "plugin": None if builtin else kernel.ref}
 
 
 def worker(args: argparse.Namespace) -> int:

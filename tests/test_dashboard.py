@@ -323,8 +323,9 @@ def test_plotly_is_served_from_the_installed_package(api_client):
 
 def test_a_job_waiting_for_a_device_no_worker_has_is_flagged_on_its_page_and_the_list(
         api_client, api_db_url):
-    waiting = _job(api_client, device="cuda:Made Up:sm00")
-    fresh = _job(api_client, device="cuda:Made Up:sm00", budget={"trials": 4})
+    waiting = _job(api_client, device="cuda:Made Up:sm00", future_device=True)
+    fresh = _job(api_client, device="cuda:Made Up:sm00", future_device=True,
+                 budget={"trials": 4})
     with init_db(api_db_url)() as session:
         job = repo.get_job(session, waiting)
         job.created_at = job.created_at - timedelta(minutes=5)  # waited past a lease length

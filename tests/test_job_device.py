@@ -63,3 +63,11 @@ def test_tuner_submit_refuses_a_typo_lists_the_device_and_wait_says_why_it_waits
     err = capsys.readouterr().err
     assert f"is waiting: no worker has served device {FUTURE!r}" in err, err
     assert err.count("is waiting:") == 1  # said once, not at every poll
+
+
+def test_the_dashboard_lists_a_jobs_device(api_client, api_db_url):
+    register_devices(api_db_url, INTERPRETER)
+    api_client.post("/api/v1/jobs", json={**JOB, "device": FUTURE, "future_device": True})
+    for page in ("/", "/jobs"):
+        html = api_client.get(page).text
+        assert f"on <code>{FUTURE}</code>" in html, page

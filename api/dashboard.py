@@ -781,7 +781,13 @@ def misses_page(request: Request, session: SessionDep, status: str | None = None
 @router.get("/kernels/{name}", response_class=HTMLResponse)
 def kernel_page(request: Request, name: str, session: SessionDep) -> HTMLResponse:
     if name not in kernel_names():
-        raise HTTPException(404, f"no kernel {name!r}; registered: {', '.join(kernel_names())}")
+        rows = repo.list_best(session, kernel=name)
+        if not rows:
+            raise HTTPException(404, f"no kernel {name!r}; registered: "
+                                     f"{', '.join(kernel_names())}")
+        # a library kernel only clients measure (tuner.install()): its stored configs
+        return _page(request, "external_kernel.html", title=f"Kernel {name}", name=name,
+                     rows=rows, views={r.id: config_views(r) for r in rows})
     k = get_kernel(name)
     space = k.space()
     constraints = [(c.__name__.strip("_").replace("_", " "), doc_html(c.__doc__))

@@ -386,6 +386,11 @@ def test_an_unregistered_kernel_is_served_from_client_measurements_only(bare_ser
     assert answer.status_code == 200, answer.text
     assert answer.json()["match"] == "exact" and answer.json()["measured"] == "client-measured"
     assert answer.json()["verification"] == "served from client measurements only"
+    page = httpx.get(f"{url}/kernels/{NAME}")  # the dashboard's kernel page
+    assert page.status_code == 200
+    assert 'data-field="client-measurements-only"' in page.text
+    assert 'data-field="client-measured"' in page.text and "BT" in page.text
+    assert httpx.get(f"{url}/kernels/{NAME}.nothing").status_code == 404
     nearest = httpx.get(f"{url}/api/v1/configs", params={**identity, "D": D_SERVED, "NB": 1})
     assert nearest.json()["match"] == "nearest"  # the ladder as for any kernel
     unknown = httpx.get(f"{url}/api/v1/configs",

@@ -406,6 +406,40 @@ def test_an_unregistered_kernel_is_served_from_client_measurements_only(bare_ser
     assert chosen(D_OTHER) == measured and bench.calls == len(LISTED)
 
 
+def test_tuner_export_writes_flas_own_config_files_that_fla_reads(bare_service, bench,
+                                                                  tmp_path, monkeypatch):
+    """What a process measured, exported from the service as fla's own files
+    (``--format fla``), is what fla's ``CachedAutotuner`` loads for that key (its own reader,
+    in its strict mode)."""
+    import fla.ops.utils.cache as fla_cache
+
+    from tuner.installing import flush_reports
+
+    url, _ = bare_service
+    tuner.configure(client=TunerClient(url))
+    tuner.install(pinned=False)
+    launch(D_OTHER)
+    flush_reports()
+    measured = chosen(D_OTHER)
+    out = tmp_path / "fla-configs"
+    exported = subprocess.run([sys.executable, "-m", "tuner.cli", "export", "--url", url,
+                               "--format", "fla", "--out", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert exported.returncode == 0, exported.stderr
+    assert "wrote 1 configs (fla)" in exported.stderr
+    assert [p.name for p in out.iterdir()] == ["l2norm_fwd_kernel.json"]
+    monkeypatch.setenv("FLA_CONFIG_DIR", str(out))
+    monkeypatch.setattr(fla_cache, "FLA_CACHE_MODE", fla_cache.FlaCacheMode.STRICT)
+    loaded = fla_cache.load_cached_config("l2norm_fwd_kernel",
+                                          fla_cache.AutotuneKey(autotune_key=key(D_OTHER)))
+    assert loaded is not None
+    assert KernelConfig({**loaded["kwargs"], "num_warps": loaded["num_warps"],
+                         "num_stages": loaded["num_stages"]}) == measured
+    other = fla_cache.AutotuneKey(autotune_key=key(D_SERVED))
+    assert fla_cache.load_cached_config("l2norm_fwd_kernel", other) is None
+
+
 def test_an_unregistered_kernel_needs_a_qualified_name_and_its_version(bare_service):
     """A name that is neither registered nor a qualified name with a kernel_version is the
     unknown kernel's 4xx naming the field; an external kernel's shape and dtype are checked."""
@@ -541,3 +575,27 @@ def test_tuner_run_and_tuner_install_hook_kernels_imported_later(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], env={**env, "TUNER_INSTALL": "1"},
                          capture_output=True, text=True, timeout=240, check=True)
     assert json.loads(run.stdout.splitlines()[-1]) == {str(D_OTHER): "pinned"}
+
+
+def test_an_fla_export_spans_one_gpu_and_one_triton_and_needs_the_triton_key():
+    from types import SimpleNamespace
+
+    from tuner.errors import InvalidRequest
+    from tuner.export_fla import autotune_key_hash, fla_files
+
+    def row(device: str, triton: str = "3.6.0", state: Any = None) -> Any:
+        return SimpleNamespace(kernel=NAME, device_key=device, triton_version=triton,
+                               config=SERVED.to_dict(), client_state=state)
+
+    keyed = {"triton_key": list(key(D_SERVED))}
+    files, skipped = fla_files([row("cuda:A", state=keyed), row("cuda:A")])
+    assert skipped == 1 and list(files) == ["l2norm_fwd_kernel.json"]
+    [entry] = files["l2norm_fwd_kernel.json"]["autotune_entries"].items()
+    assert entry[0] == autotune_key_hash(list(key(D_SERVED)))
+    assert entry[1]["config"]["num_ctas"] == 1  # fla reads it on Triton >= 3.5.1
+    for rows, field in (([row("cuda:A", state=keyed), row("cuda:B", state=keyed)], "device"),
+                        ([row("cuda:A", state=keyed), row("cuda:A", "3.5.1", keyed)],
+                         "triton")):
+        with pytest.raises(InvalidRequest) as refused:
+            fla_files(rows)
+        assert refused.value.field == field

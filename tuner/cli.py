@@ -135,14 +135,17 @@ def _add_file_commands(sub: Any) -> None:
     export.add_argument("--triton", metavar="MAJOR.MINOR", help="only configs tuned with this "
                         "Triton minor version, e.g. 3.6")
     export.add_argument("--timing", choices=TIMING_METHODS, help="only configs timed this way")
-    export.add_argument("--format", default="tuner", choices=["tuner", "vllm"],
+    export.add_argument("--format", default="tuner", choices=["tuner", "vllm", "fla"],
                         help="tuner: tuner-configs-v1 (every identity field; the default); "
                         "vllm: {M: config} with vLLM's names, for one kernel, dtype and device "
-                        "and shapes that differ only in M")
+                        "and shapes that differ only in M; fla: flash-linear-attention's own "
+                        "config files (FLA_CONFIG_DIR/<kernel>.json, for FLA_CACHE_MODE), "
+                        "for configs a model's process measured with tuner.install()")
     export.add_argument("--out", default="-", metavar="FILE", help="where to write "
                         "(default: - for standard output); replaced atomically; with "
                         "--format vllm, a directory gets the file vLLM looks for "
-                        "(E=8,N=14336,device_name=NVIDIA_H200.json)")
+                        "(E=8,N=14336,device_name=NVIDIA_H200.json); with --format fla, the "
+                        "folder fla reads (FLA_CONFIG_DIR)")
     _add_db_option(export)
     _add_read_options(export)
 

@@ -485,6 +485,8 @@ def export(args: argparse.Namespace) -> int:
 
     where = _parse_where(args.where)
     rows, remote = _stored_rows(args)
+    if args.format == "fla":
+        return _export_fla([r for r in rows if _selected(r, where, args)], args)
     entries = [_entry_of(r) for r in rows if _selected(r, where, args)]
     if not rows and not remote:
         _check_kernel_filter(args.kernel)
@@ -498,6 +500,21 @@ def export(args: argparse.Namespace) -> int:
     target = "standard output" if out == configs_file.STDOUT else out
     print(f"tuner: wrote {count} configs ({name}) to {target}", file=sys.stderr)
     return 0
+
+
+def _export_fla(rows: list[Any], args: argparse.Namespace) -> int:
+    """``--format fla``: flash-linear-attention's own config files (``tuner/export_fla.py``)
+    into the folder ``--out``."""
+    from tuner.export_fla import write_fla
+
+    if args.out in (None, "-"):
+        raise InvalidRequest("--format fla writes one file per kernel: give --out a folder "
+                             "(fla reads FLA_CONFIG_DIR)", field="out")
+    written, skipped = write_fla(rows, args.out)
+    note = (f"; {skipped} stored configs carry no Triton key (only a model's process measuring "
+            "with tuner.install() sends one) and were left out" if skipped else "")
+    print(f"tuner: wrote {written} configs (fla) to {args.out}{note}", file=sys.stderr)
+    return 0 if written else 1
 
 
 def _parse_where(text: str | None) -> dict[str, int]:

@@ -255,7 +255,8 @@ def _report(autotuner: Any, cache: ServedCache, key: Any, timings: dict[Any, Any
                 "kernel": name, "kernel_version": version, "dtype": problem[1],
                 "shape": problem[0], "device": client.device,
                 "triton_version": client.triton_version or "", "timings": measured,
-                "timed_by": TIMED_BY, **({"gpu": gpu} if gpu else {})}])
+                "timed_by": TIMED_BY, **({"gpu": gpu} if gpu else {}),
+                **({"triton_key": list(key)} if _json_scalars(key) else {})}])
     except Exception as exc:  # noqa: BLE001 - a background report never fails a launch
         cache._warn(f"measured timings not sent ({type(exc).__name__}: {exc})")
 
@@ -282,6 +283,14 @@ def _gpu_sample() -> dict[str, Any]:
         return dict(_monitor.sample())
     except Exception:  # noqa: BLE001 - the GPU's state is a label, never a failure
         return {}
+
+
+def _json_scalars(key: Any) -> bool:
+    """Whether Triton's key is a tuple of JSON scalars (sent as it is: ``tuner export
+    --format fla`` writes it as the key libraries like fla look their files up by)."""
+    return isinstance(key, tuple) and len(key) <= 64 and all(
+        v is None or isinstance(v, bool | int | float | str) and (
+            not isinstance(v, str) or len(v) <= 100) for v in key)
 
 
 def flush_reports(timeout_s: float = 10.0) -> None:

@@ -13,7 +13,7 @@ stored and served the same way, labelled "served from client measurements only".
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +45,12 @@ class MeasuredTiming(BaseModel):
     p80_ms: float = Field(gt=0, allow_inf_nan=False)
 
 
+#: one value of Triton's key: a key argument's value or a tensor's dtype (pydantic's smart
+#: union keeps each value's own JSON type: 1 stays 1, true stays true)
+KeyValue = bool | int | Annotated[float, Field(allow_inf_nan=False)] | Annotated[
+    str, Field(max_length=100)] | None
+
+
 class GpuState(BaseModel):
     """The GPU's state as the model's process sampled it after Triton's benchmark (NVML; any
     may be missing)."""
@@ -67,6 +73,10 @@ class MeasuredItem(BaseModel):
     timed_by: str | None = Field(None, max_length=100, description="the timer (e.g. "
                                  "triton.testing.do_bench, Triton's autotuning benchmark)")
     gpu: GpuState | None = None
+    triton_key: list[KeyValue] | None = Field(
+        None, max_length=64, description="Triton's own autotune key of the launch (the key "
+        "arguments' values, then every tensor argument's dtype): what libraries that keep their "
+        "own config files (fla) look configs up by; tuner export --format fla writes it")
 
 
 def examples(example: dict[str, Any]) -> ConfigDict:
@@ -126,7 +136,8 @@ def post_measured(body: MeasuredRequest, session: SessionDep) -> MeasuredAnswers
     for item, shape in checked:
         best = min(item.timings, key=lambda t: t.p50_ms)
         state = {"timed_by": item.timed_by,
-                 "gpu": item.gpu.model_dump(exclude_none=True) if item.gpu else None}
+                 "gpu": item.gpu.model_dump(exclude_none=True) if item.gpu else None,
+                 **({"triton_key": item.triton_key} if item.triton_key is not None else {})}
         # one conditional write: a worker's best (even one stored since) is never replaced
         row, written = repo.store_best(
             session, device_key=item.device, kernel=item.kernel,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import ReadAccess, SessionDep
 from api.schemas import DEVICE_KEY_MAX
@@ -44,6 +44,9 @@ class StoredConfigPublic(BaseModel):
     torch_version: str | None = None
     cuda_version: str | None = None
     timing: str
+    measured: str | None = Field(default=None, description="retimed, trial or client-measured")
+    client_state: dict[str, Any] | None = Field(
+        default=None, description="a client-measured best's timer, GPU state and Triton key")
 
 
 class StoredConfigsPublic(BaseModel):
@@ -61,7 +64,8 @@ def stored_public(row: BestConfig) -> StoredConfigPublic:
         kernel=row.kernel, kernel_version=row.kernel_version, dtype=row.dtype,
         shape=dict(row.shape), device_key=row.device_key, triton_version=row.triton_version,
         config=dict(row.config), p50_ms=row.p50_ms, tflops=row.tflops, gbps=row.gbps,
-        torch_version=row.torch_version, cuda_version=row.cuda_version, timing=row.timing)
+        torch_version=row.torch_version, cuda_version=row.cuda_version, timing=row.timing,
+        measured=row.measured, client_state=row.client_state)
 
 
 @router.get("/stored", response_model=StoredConfigsPublic, dependencies=[ReadAccess])

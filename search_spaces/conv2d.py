@@ -808,7 +808,7 @@ class Conv2dKernel:
         NSPLIT times as wide). fp32: None; its IEEE products run on the CUDA cores, which the
         model does not describe (it ranked the tiles with the densest FFMA loops 145th-745th of
         2,420)."""
-        from tuner.strategies import cost_model  # imported here: measuring children never rank
+        from search_spaces.gemm import prior as cost_model  # here: measuring children never rank
 
         g = Geometry.of(ctx.shape)
         if g.problem() or ctx.dtype == "float32":

@@ -657,7 +657,7 @@ def thread_registers_needed(config: KernelConfig, head_dim: int, elem_bytes: int
 def programs_per_sm(config: KernelConfig, head_dim: int, elem_bytes: int) -> int:
     """Programs an SM runs at once: shared memory, registers (allocated 8 a thread at a
     time, at most a thread's limit) and threads allow."""
-    from tuner.strategies import cost_model as cm
+    from search_spaces.gemm import prior as cm
 
     threads = 32 * config["num_warps"]
     regs = min(thread_registers_needed(config, head_dim, elem_bytes),
@@ -670,7 +670,7 @@ def programs_per_sm(config: KernelConfig, head_dim: int, elem_bytes: int) -> int
 
 def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float:
     """Estimated run time in seconds, a ranking score with the GEMM cost model's H200
-    constants (``tuner/strategies/cost_model.py``). A program's key block is a chain: its two
+    constants (``search_spaces/gemm/prior.py``). A program's key block is a chain: its two
     MMAs on the tensor cores, its softmax (exponentials on the special function units, fp32
     arithmetic: the second warp group of a program hides part of it), a fixed latency, and
     the K/V load latency that the stages in flight do not cover. The programs an SM runs at
@@ -680,7 +680,7 @@ def estimate_s(config: KernelConfig, ctx: ProblemContext, causal: bool) -> float
     Causal programs come longest first over the grid (:func:`_query_block`), so the SMs share
     the key blocks evenly, bounded below by the longest program; full attention runs in
     waves."""
-    from tuner.strategies import cost_model as cm  # imported here: measuring children never rank
+    from search_spaces.gemm import prior as cm  # here: measuring children never rank
 
     B, H, S, D = (ctx.shape[n] for n in ("B", "H", "S", "D"))
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]

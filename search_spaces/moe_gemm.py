@@ -383,7 +383,7 @@ def _dram_bytes(config: Mapping[str, int], ctx: ProblemContext, active: float,
     row blocks that runs at once (the grouped order keeps GROUP_SIZE_M row blocks together,
     and the concurrent tiles span at least concurrent / column blocks rows), the gathered rows
     once per window of column blocks unless a group's rows stay in L2, and the output."""
-    from tuner.strategies import cost_model as cm
+    from search_spaces.gemm import prior as cm
 
     M, N, K, topk = ctx.shape["M"], ctx.shape["N"], ctx.shape["K"], ctx.shape["TOPK"]
     e = ctx.elem_bytes
@@ -409,12 +409,12 @@ def _dram_bytes(config: Mapping[str, int], ctx: ProblemContext, active: float,
 
 def estimate_s(config: Mapping[str, int], ctx: ProblemContext) -> float:
     """Estimated run time in seconds (a ranking score): matmul's cost model
-    (``tuner/strategies/cost_model.py``) on the problem the grid computes, the expected padded
+    (``search_spaces/gemm/prior.py``) on the problem the grid computes, the expected padded
     rows (``expected_row_blocks``) x N x K, with its tiles in waves over the SMs and its
     variant (tma_persistent, whose weights alone come by TMA, between the model's persistent
     and TMA estimates), and as DRAM floor every active expert's weights, re-read as the grouped
     order and L2 allow (``_dram_bytes``)."""
-    from tuner.strategies import cost_model as cm
+    from search_spaces.gemm import prior as cm
 
     bm = config["BLOCK_SIZE_M"]
     active, blocks = expected_row_blocks(ctx.shape, bm)

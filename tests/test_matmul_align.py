@@ -8,10 +8,10 @@ import torch
 
 from search_spaces import get_kernel
 from search_spaces import matmul as mm
+from search_spaces.gemm import prior as cost_model
 from tuner.config import KernelConfig
 from tuner.kernel import output_check_of
 from tuner.space import ProblemContext
-from tuner.strategies import cost_model
 from tuner.verification import compare
 
 

@@ -7,10 +7,10 @@ import torch
 
 from search_spaces import get_kernel
 from search_spaces import matmul as mm
+from search_spaces.gemm.prior import estimate_s
 from tuner.config import KernelConfig
 from tuner.kernel import output_check_of
 from tuner.space import ProblemContext
-from tuner.strategies.cost_model import estimate_s
 from tuner.verification import compare
 
 

@@ -8,9 +8,9 @@ import torch
 
 from search_spaces import get_kernel
 from search_spaces import matmul as mm
+from search_spaces.gemm import prior as cost_model
 from tuner.config import KernelConfig
 from tuner.space import ProblemContext
-from tuner.strategies import cost_model
 
 
 def stream_k(**tile: int) -> KernelConfig:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from search_spaces import get_kernel
+from search_spaces.gemm import prior as cost_model
 from tuner.backends.replay import ReplayBackend, load_table, parse_table
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
@@ -20,7 +21,6 @@ from tuner.strategies import (
     DEFAULT_STRATEGY,
     DEFAULT_STRATEGY_WITHOUT_PRIOR,
     STRATEGIES,
-    cost_model,
     kernel_has_prior,
     make_strategy,
     resolve_strategy,

@@ -190,8 +190,8 @@ def collect(root: Path = ROOT) -> list[Result]:
         prefix = "" if base == root / RESULTS else ARCHIVE + "/"
         by_stem: dict[str, Result] = {}
         for entry in sorted(base.iterdir()):
-            if entry.name.startswith(".") or (base == root / RESULTS and entry.name in (
-                    "README.md", ARCHIVE)):
+            if entry.name.startswith(".") or entry.name == "README.md" or (
+                    base == root / RESULTS and entry.name == ARCHIVE):
                 continue
             if entry.is_dir():
                 files = sorted(p for p in entry.rglob("*") if p.is_file())

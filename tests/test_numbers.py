@@ -412,8 +412,8 @@ class _Outcome:
 
 
 def test_the_cli_summary_labels_its_numbers_and_carries_the_gpu_state():
-    from tuner.cli_commands import _summary
     from tuner.search import SearchResult
+    from tuner.tune_report import summary_of as _summary
 
     a, b = KernelConfig({"BLOCK_M": 128}), KernelConfig({"BLOCK_M": 64})
     trial_a = Measurement(a, Outcome.OK, 0.197, 0.1991, 0.201,

@@ -13,19 +13,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tuner.cli_common import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_URL,
+    EXIT_BAD_INPUT,
+)
 from tuner.errors import InvalidRequest, TunerError
 from tuner.timing import DEFAULT_TIMING, TIMING_METHODS
 
-EXIT_BAD_INPUT = 2
-EXIT_NO_RESULT = 1
 #: ``tuner.strategies.strategy_names()``, spelled out so that ``--help`` need not import the
 #: strategies (optuna); tests/test_cli.py checks that the two agree
 STRATEGY_NAMES = ("auto", "exhaustive", "gp", "model", "model-tpe", "random", "tpe")
-#: where ``tuner serve`` listens unless told otherwise, and so where the service commands look
-#: for it without ``--url`` or ``TUNER_URL``
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 def _add_timing_option(parser: argparse.ArgumentParser) -> None:

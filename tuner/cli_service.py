@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli import DEFAULT_URL, EXIT_BAD_INPUT, EXIT_NO_RESULT
+from tuner.cli_common import DEFAULT_URL, EXIT_BAD_INPUT, EXIT_NO_RESULT
 from tuner.errors import InvalidRequest, InvalidShape
 from tuner.lifecycle import TERMINAL
 from tuner.shapes import parse_shape, shape_label

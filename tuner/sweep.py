@@ -139,9 +139,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from search_spaces import get_kernel
     from tuner.backends import resolve_backend_kind
-    from tuner.cli_commands import _summary, check_dtype, check_interpreter_timing
+    from tuner.dtypes import check_dtype
     from tuner.settings import Settings
     from tuner.shapes import parse_shape, validate_shape
+    from tuner.tune_report import check_interpreter_timing, summary_of
 
     args = _parser().parse_args(argv)
     try:
@@ -175,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        trials=args.trials, seconds=args.seconds, strategy=args.strategy,
                        seed=args.seed, compile_workers=args.compile_workers, on_task=report,
                        timing=args.timing)
-    summaries = [_summary(kernel, shape, args.dtype, backend, outcome, wall)
+    summaries = [summary_of(kernel, shape, args.dtype, backend, outcome, wall)
                  for shape, outcome, wall in result.outcomes]
     if args.json:
         print(json.dumps({"job_id": result.job_id, "kernel": kernel.name, "dtype": args.dtype,

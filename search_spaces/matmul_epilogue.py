@@ -32,24 +32,21 @@ import torch
 import triton
 import triton.language as tl
 
-from search_spaces.matmul import KERNEL as MATMUL
-from search_spaces.matmul import (
+from search_spaces.gemm.host import (
     PERSISTENT,
     TILED,
     TMA_PERSISTENT,
     even_k,
-    grouped_tile,
     num_sms,
     output_tiles,
     persistent_constraint,
-    runs_ptx,
     set_tma_allocator,
-    tile_coords,
-    tile_dot,
     tiled_default,
     tiled_space,
     variant_of,
 )
+from search_spaces.gemm.tiles import grouped_tile, runs_ptx, tile_coords, tile_dot
+from search_spaces.matmul import KERNEL as MATMUL
 from tuner.config import KernelConfig
 from tuner.dtypes import torch_dtype
 from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version

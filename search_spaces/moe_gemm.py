@@ -45,16 +45,16 @@ import torch
 import triton
 import triton.language as tl
 
-from search_spaces.matmul import (
+from search_spaces.gemm.host import (
     even_k,
     num_sms,
     set_tma_allocator,
     tile_accumulator_registers,
-    tile_coords,
     tile_shared_memory,
     tma_unavailable,
     variant_of,  # VARIANT, or tiled (0, as here) without one: moe_gemm's configs have none
 )
+from search_spaces.gemm.tiles import tile_coords
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
 from tuner.kernel import Dim, Tolerance, builtin_version, shrunk_dim

@@ -42,21 +42,26 @@ def replaced(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-# -- built-ins: copies of matmul.py and conv2d.py in a package of their own ----------------------
+# -- built-ins: copies of matmul.py, conv2d.py and the GEMM family's package --------------------
 
-def builtin_copy(root: Path, matmul_edit: Any = None, conv2d_edit: Any = None) -> Any:
-    """A fresh package holding matmul.py and conv2d.py (conv2d importing the copy's matmul),
-    each edited by its function of the source; returns the package's modules."""
+def builtin_copy(root: Path, matmul_edit: Any = None, conv2d_edit: Any = None,
+                 tiles_edit: Any = None, host_edit: Any = None) -> Any:
+    """A fresh package holding matmul.py, conv2d.py and gemm/ (the family's device code,
+    ``tiles.py``, and host helpers, ``host.py``, that both import), each importing the copies,
+    each edited by its function of the source; returns matmul's and conv2d's modules."""
     package = f"identity_copy_{next(_counter)}"
-    (root / package).mkdir()
+    (root / package / "gemm").mkdir(parents=True)
     (root / package / "__init__.py").write_text("")
-    matmul_src = (ROOT / "search_spaces" / "matmul.py").read_text()
-    conv2d_src = (ROOT / "search_spaces" / "conv2d.py").read_text().replace(
-        "from search_spaces.matmul import", f"from {package}.matmul import")
-    (root / package / "matmul.py").write_text(matmul_edit(matmul_src) if matmul_edit
-                                              else matmul_src)
-    (root / package / "conv2d.py").write_text(conv2d_edit(conv2d_src) if conv2d_edit
-                                              else conv2d_src)
+    edits = {"matmul.py": matmul_edit, "conv2d.py": conv2d_edit, "gemm/tiles.py": tiles_edit,
+             "gemm/host.py": host_edit}
+    sources = ["matmul.py", "conv2d.py", *(
+        f"gemm/{p.name}" for p in sorted((ROOT / "search_spaces" / "gemm").glob("*.py")))]
+    for name in sources:
+        src = (ROOT / "search_spaces" / name).read_text().replace(
+            "from search_spaces.matmul import", f"from {package}.matmul import").replace(
+            "from search_spaces.gemm", f"from {package}.gemm")
+        edit = edits.get(name)
+        (root / package / name).write_text(edit(src) if edit else src)
     importlib.invalidate_caches()
     return (importlib.import_module(f"{package}.matmul"),
             importlib.import_module(f"{package}.conv2d"))
@@ -76,16 +81,20 @@ def test_a_pristine_copy_has_the_built_ins_versions(importable: Path) -> None:
 
 
 def test_comments_and_docstrings_in_matmul_change_no_version(importable: Path) -> None:
-    """Comments anywhere, in the hashed jit functions too, and their docstrings."""
+    """Comments anywhere, in the hashed jit functions too (the family's, in gemm/tiles.py),
+    and their docstrings."""
     def commented(src: str) -> str:
         src = "# a comment at the top\n" + src
-        src = replaced(src, "    num_pid_m = tl.cdiv(M, BLOCK_M)\n", "    # inside tile_coords\n"
-                       "    num_pid_m = tl.cdiv(M, BLOCK_M)  # x\n")
-        src = replaced(src, "walked column by column so that the B tiles they share stay in L2.",
-                       "walked column by column (reworded).")
         return replaced(src, "class MatmulKernel:\n", "# before the class\nclass MatmulKernel:\n")
 
-    base, edited = builtin_copy(importable), builtin_copy(importable, commented)
+    def commented_tiles(src: str) -> str:
+        src = replaced(src, "    num_pid_m = tl.cdiv(M, BLOCK_M)\n", "    # inside tile_coords\n"
+                       "    num_pid_m = tl.cdiv(M, BLOCK_M)  # x\n")
+        return replaced(src, "walked column by column so that the B tiles they share stay in L2.",
+                        "walked column by column (reworded).")
+
+    base = builtin_copy(importable)
+    edited = builtin_copy(importable, commented, tiles_edit=commented_tiles)
     assert versions(edited) == versions(base)
 
 
@@ -103,14 +112,14 @@ def test_an_edit_to_a_function_conv2d_does_not_run_leaves_its_version(importable
 
 
 def test_an_edit_to_a_jit_helper_conv2d_calls_changes_its_version(importable: Path) -> None:
-    """conv2d's kernels call matmul's ``grouped_tile``, which calls ``tile_coords``: an edit
-    two calls deep, in another module, is an edit of conv2d."""
+    """conv2d's kernels call the family's ``grouped_tile``, which calls ``tile_coords``: an
+    edit two calls deep, in another module, is an edit of conv2d (and of matmul)."""
     def tile_order(src: str) -> str:
         return replaced(src, "    pid_n = (tile_id % num_pid_in_group) // group_size_m\n",
                         "    pid_n = (tile_id % num_pid_in_group) // group_size_m + 0\n")
 
-    base, edited = versions(builtin_copy(importable)), versions(builtin_copy(importable,
-                                                                             tile_order))
+    base = versions(builtin_copy(importable))
+    edited = versions(builtin_copy(importable, tiles_edit=tile_order))
     assert all(edited[k] != base[k] for k in base)
 
 
@@ -125,10 +134,10 @@ def test_a_constraint_s_helper_and_the_space_are_part_of_the_version(importable:
         return replaced(src, 'Param.ints("GROUP_M", (1, 8)),', 'Param.ints("GROUP_M", (1, 4, 8)),')
 
     base = versions(builtin_copy(importable))
-    assert versions(builtin_copy(importable, smem("    # a comment\n")))["conv2d"] == (
+    assert versions(builtin_copy(importable, host_edit=smem("    # a comment\n")))["conv2d"] == (
         base["conv2d"])
-    assert versions(builtin_copy(importable, smem("    stages = stages + 0\n")))["conv2d"] != (
-        base["conv2d"])
+    assert versions(builtin_copy(importable, host_edit=smem("    stages = stages + 0\n")))[
+        "conv2d"] != base["conv2d"]
     spaced = versions(builtin_copy(importable, conv2d_edit=group_m))
     assert spaced["conv2d"] != base["conv2d"] and spaced["matmul"] == base["matmul"]
 
@@ -147,11 +156,11 @@ def test_a_constexpr_global_of_matmul_is_part_of_its_version(importable: Path) -
     def versioned(src: str) -> str:
         return replaced(src, '__unversioned__ = ("ROUND_TF32",)', "__unversioned__ = ()")
 
-    base = versions(builtin_copy(importable, versioned))
-    edited = versions(builtin_copy(importable, lambda src: versioned(constant(src))))
+    base = versions(builtin_copy(importable, tiles_edit=versioned))
+    edited = versions(builtin_copy(importable, tiles_edit=lambda src: versioned(constant(src))))
     assert edited["matmul"] != base["matmul"]
     assert edited["conv2d"] == base["conv2d"]  # conv2d's K loop is its own
-    assert versions(builtin_copy(importable, constant))["matmul"] == versions(
+    assert versions(builtin_copy(importable, tiles_edit=constant))["matmul"] == versions(
         builtin_copy(importable))["matmul"]  # a machine setting: not the code's
 
 

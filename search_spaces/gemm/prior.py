@@ -1,7 +1,9 @@
 """A cheap analytic prior for tiled GEMM-like configs: which configs to measure first.
 
-It is matmul's own prior (``MatmulKernel.prior`` returns :func:`estimate`); the strategies never
-call it directly: they rank configs with whatever prior the kernel gives them.
+It is matmul's own prior (``MatmulKernel.prior`` returns :func:`estimate`; conv2d and moe_gemm
+rank with it on the GEMM they compute, flash attention reads its hardware constants); the
+strategies never call it: they rank configs with whatever prior the kernel gives them. Its
+variant numbering and ALIGN's padding unit are matmul's own (``host.py``).
 
 It never sees a measurement. From the config (BLOCK_M/N/K, num_warps, num_stages, GROUP_M), the
 problem (M, N, K, dtype) and the device's limits (shared memory per block, SM count) it estimates a
@@ -42,6 +44,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from search_spaces.gemm.host import (
+    ALIGN_ELEMS,
+    PERSISTENT,
+    SPLIT_K_VARIANT,
+    STREAM_K,
+    TILED,
+    TMA_PERSISTENT,
+)
 from tuner.space import ProblemContext
 
 #: what one SM's tensor cores sustain in a Triton GEMM, FLOP/s (~730 TFLOP/s / 132 SMs on H200)
@@ -63,8 +73,8 @@ DEFAULT_SM_COUNT = 132
 #: warp-wide load instructions one SM issues per second for tiles whose rows are too unaligned for
 #: asynchronous copies (< 4 bytes: loads go through registers, one or two elements a thread)
 SYNC_LOAD_RATE = 2.5e8
-#: matmul's VARIANT values (search_spaces/matmul.py VARIANTS; a config without one is tiled)
-TILED, PERSISTENT, TMA_PERSISTENT, SPLIT_K, STREAM_K = 0, 1, 2, 3, 4
+#: matmul's split_k VARIANT value (``host.SPLIT_K_VARIANT``; the others keep their names)
+SPLIT_K = SPLIT_K_VARIANT
 #: tensor-core efficiency gained when TMA feeds the MMA (no load instructions or addresses
 #: competing with it for issue slots and registers)
 TMA_MMA_GAIN = 1.08
@@ -86,9 +96,9 @@ STREAM_K_STEP_EFFICIENCY = 0.65
 SPLIT_TILE_EFFICIENCY = 0.81
 #: a kernel launch on the same stream right after another (split-K's reduction), s
 LAUNCH_S = 2.5e-6
-#: matmul ALIGN=1's staging copies (search_spaces.matmul stage): the padding unit, elements,
-#: and the bytes read plus written per second by its copy kernel (unaligned 2-byte reads)
-ALIGN_ELEMS = 16
+#: matmul ALIGN=1's staging copies (search_spaces.matmul stage; their padding unit is
+#: ``host.ALIGN_ELEMS``): the bytes read plus written per second by its copy kernel (unaligned
+#: 2-byte reads)
 STAGE_BW = 2.5e12
 #: soft maximum exponent: how sharply the slowest limit dominates the others
 P = 3.0

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from search_spaces import get_kernel
-from search_spaces.softmax import L2_BYTES, estimated_seconds
+from search_spaces.softmax_prior import L2_BYTES, estimated_seconds
 from search_spaces.vector_add import INTERPRETER_SMS
 from tuner.config import KernelConfig
 from tuner.search import known_good_first

@@ -3,7 +3,7 @@
 longer what runs, one shape's results across devices, Triton versions and jobs, and a kernel's
 best time against M.
 
-Kept apart from ``db/repo.py`` (the write paths and the serving ladder): nothing here writes."""
+Kept apart from ``db/repo/`` (the write paths and the serving ladder): nothing here writes."""
 
 from __future__ import annotations
 

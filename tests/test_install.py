@@ -376,7 +376,8 @@ def test_an_unregistered_kernel_is_served_from_client_measurements_only(bare_ser
 
     with init_db(db_url)() as session:
         [row] = session.query(BestConfig).all()
-        assert row.client_state == {"timed_by": TIMED_BY, "gpu": None}  # no GPU here
+        assert row.client_state == {"timed_by": TIMED_BY, "gpu": None,  # no GPU here
+                                    "triton_key": list(key(D_OTHER))}
     [miss] = httpx.get(f"{url}/api/v1/misses").json()["data"]
     assert miss["kernel"] == NAME and miss["status"] == "unregistered"
     assert httpx.get(f"{url}/api/v1/jobs").json()["count"] == 0

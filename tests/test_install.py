@@ -476,25 +476,31 @@ def test_a_clients_timings_never_replace_a_workers_best_written_meanwhile(tmp_pa
         assert not written and KernelConfig(row.config) == SERVED and row.client_state is None
 
 
+def launch_times_against(url: str) -> tuple[float, float]:
+    """Seconds of the first launches of two keys, pinned, served by ``url`` under a 1 s
+    deadline; the sources are checked: pinned both (the service never answered)."""
+    tuner.configure(client=TunerClient(url, timeout=1.0))
+    tuner.install(pinned=True)
+    started = time.monotonic()
+    launch(D_SERVED)
+    first = time.monotonic() - started
+    started = time.monotonic()
+    launch(D_OTHER)
+    second = time.monotonic() - started
+    assert set(sources(l2norm_fwd_kernel).values()) == {"pinned"}
+    return first, second
+
+
 def test_a_dead_service_costs_the_deadline_once(bench):
     listener = socket.socket()  # accepts connections (the backlog), never answers
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     try:
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        tuner.configure(client=TunerClient(url, timeout=1.0))
-        tuner.install(pinned=True)
-        started = time.monotonic()
-        launch(D_SERVED)
-        first = time.monotonic() - started
-        started = time.monotonic()
-        launch(D_OTHER)
-        second = time.monotonic() - started
+        first, second = launch_times_against(f"http://127.0.0.1:{listener.getsockname()[1]}")
     finally:
         listener.close()
     assert 1.0 <= first < 1.0 + max(3.0, 2 * second)
     assert second < 1.0  # not asked again for retry_after_s
-    assert set(sources(l2norm_fwd_kernel).values()) == {"pinned"}
 
 
 def test_a_trickling_service_costs_the_deadline_once(bench):
@@ -529,15 +535,7 @@ def test_a_trickling_service_costs_the_deadline_once(bench):
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
     try:
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        tuner.configure(client=TunerClient(url, timeout=1.0))
-        tuner.install(pinned=True)
-        started = time.monotonic()
-        launch(D_SERVED)
-        first = time.monotonic() - started
-        started = time.monotonic()
-        launch(D_OTHER)
-        second = time.monotonic() - started
+        first, second = launch_times_against(f"http://127.0.0.1:{listener.getsockname()[1]}")
     finally:
         stop.set()
         listener.close()

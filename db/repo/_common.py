@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Result
+from sqlalchemy import CursorResult, Result, Select, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
@@ -82,3 +82,12 @@ def _reloaded(session: Session, model: type[Any], row_id: Any) -> Any:
     if row is None:
         raise NotFound(f"no {model.__tablename__} row {row_id!r}")
     return row
+
+
+def _page(session: Session, query: Select[Any], order: Sequence[Any], limit: int,
+          offset: int) -> tuple[list[Any], int]:
+    """One page of ``query``'s rows in ``order``, and how many rows it matches in all (the
+    lists of jobs and misses)."""
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(*order).limit(limit).offset(offset))
+    return list(rows), int(total)

@@ -20,6 +20,7 @@ from db.repo._common import (
     _changed,
     _changed_row,
     _is_postgres,
+    _page,
     _reloaded,
     _write_transaction,
 )
@@ -212,10 +213,7 @@ def list_jobs(session: Session, status: str | None = None, kernel: str | None = 
         query = query.where(Job.status == status)
     if kernel:
         query = query.where(Job.kernel == kernel)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Job.created_at.desc(), Job.id).limit(limit)
-                           .offset(offset))
-    return list(rows), int(total)
+    return _page(session, query, (Job.created_at.desc(), Job.id), limit, offset)
 
 
 def count_jobs_by_status(session: Session) -> dict[str, int]:

@@ -11,7 +11,7 @@ from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from db.models import ACTIVE, Job, Miss, utcnow
-from db.repo._common import _changed_row, _insert_ignoring_conflicts
+from db.repo._common import _changed_row, _insert_ignoring_conflicts, _page
 from db.repo.bests import _matching
 from db.repo.devices import get_device
 from db.repo.jobs import _MISS_STATUS_OF_JOB, submit_job
@@ -172,10 +172,7 @@ def list_misses(session: Session, kernel: str | None = None, status: str | None 
         query = query.where(Miss.kernel == kernel)
     if status:
         query = query.where(Miss.status == status)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Miss.last_seen_at.desc(), Miss.id.desc())
-                           .limit(limit).offset(offset))
-    return list(rows), int(total)
+    return _page(session, query, (Miss.last_seen_at.desc(), Miss.id.desc()), limit, offset)
 
 
 def count_misses_by_status(session: Session) -> dict[str, int]:

@@ -302,6 +302,18 @@ def test_a_keys_file_naming_a_lookup_the_service_refuses_is_started_anew(service
     assert "gone" not in keys.read_text()
 
 
+def served_in_a_fresh_process(url: str, d: int, config: KernelConfig) -> None:
+    """As a fresh process (nothing decided, hooked anew): the first launch of ``D=d`` takes
+    ``config`` from the service."""
+    tuner.uninstall()
+    l2norm_fwd_kernel.cache = {}
+    tuner.configure(client=TunerClient(url))
+    tuner.install(pinned=False)
+    launch(d)
+    assert sources(l2norm_fwd_kernel) == {key(d): "service"}
+    assert chosen(d) == config
+
+
 def stored_best(db_url: str, d: int) -> tuple[KernelConfig, str | None]:
     """The stored best of ``D=d`` (the only device and version here): config and label."""
     from db.models import BestConfig
@@ -331,13 +343,8 @@ def test_what_triton_measured_is_stored_client_measured_below_a_workers_best(ser
     answer = httpx.get(f"{url}/api/v1/configs", params={**identity, "D": D_OTHER, "NB": 1})
     assert answer.json()["match"] == "exact"
     assert KernelConfig(answer.json()["config"]) == measured
-    tuner.uninstall()  # a fresh process: nothing decided
-    l2norm_fwd_kernel.cache = {}
-    tuner.configure(client=TunerClient(url))
-    tuner.install(pinned=False)
-    launch(D_OTHER)
-    assert sources(l2norm_fwd_kernel) == {key(D_OTHER): "service"}
-    assert chosen(D_OTHER) == measured and bench.calls == len(LISTED)
+    served_in_a_fresh_process(url, D_OTHER, measured)
+    assert bench.calls == len(LISTED)  # the first process's benchmarking only
     faster = {"config": LISTED[0].to_dict(), "p20_ms": 1e-6, "p50_ms": 1e-6, "p80_ms": 1e-6}
     item = {**identity, "shape": {"D": D_SERVED, "NB": 1}, "timings": [faster]}
     answer = httpx.post(f"{url}/api/v1/configs/measured", json={"items": [item]})
@@ -398,13 +405,8 @@ def test_an_unregistered_kernel_is_served_from_client_measurements_only(bare_ser
                         params={**identity, "dtype": "float16", "D": D_OTHER, "NB": 1})
     assert unknown.status_code == 404 and unknown.json()["match"] == "none"
     assert unknown.json()["config"] == {}
-    tuner.uninstall()  # a fresh process: nothing decided
-    l2norm_fwd_kernel.cache = {}
-    tuner.configure(client=TunerClient(url))
-    tuner.install(pinned=False)
-    launch(D_OTHER)
-    assert sources(l2norm_fwd_kernel) == {key(D_OTHER): "service"}
-    assert chosen(D_OTHER) == measured and bench.calls == len(LISTED)
+    served_in_a_fresh_process(url, D_OTHER, measured)
+    assert bench.calls == len(LISTED)  # the first process's benchmarking only
 
 
 def test_tuner_export_writes_flas_own_config_files_that_fla_reads(bare_service, bench,

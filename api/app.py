@@ -20,7 +20,7 @@ from api.routes import configs, devices, health, jobs, kernels, measured, misses
 from api.validation import HostileInputGuard
 from db.engine import init_db
 from search_spaces import get_kernel, kernel_names
-from tuner.dispatch import make_dispatcher
+from tuner.app.dispatch import make_dispatcher
 from tuner.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def __getattr__(name: str) -> Any:
     # ``uvicorn api.app:app`` builds the app from the environment on first access only, so
     # importing this module (tests, tools) never reads settings or opens a database.
     if name == "app":
-        from tuner.supervision import exit_with_serve
+        from tuner.app.supervision import exit_with_serve
 
         exit_with_serve()  # an API process of tuner serve: never outlive it
         globals()["app"] = create_app()

@@ -11,7 +11,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from api.errors import RequestRefused
-from tuner.dispatch import Dispatcher
+from tuner.app.dispatch import Dispatcher
 from tuner.settings import Settings
 
 
@@ -28,11 +28,11 @@ def get_db(request: Request) -> Iterator[Session]:
 
 
 def dispatcher_of(app: Any) -> Dispatcher:
-    """The app's dispatcher (``tuner.dispatch``), set at start-up; the embedded one (which
+    """The app's dispatcher (``tuner.app.dispatch``), set at start-up; the embedded one (which
     needs telling nothing) before that."""
     dispatcher = getattr(app.state, "dispatcher", None)
     if dispatcher is None:
-        from tuner.dispatch.embedded import EmbeddedDispatcher
+        from tuner.app.dispatch.embedded import EmbeddedDispatcher
 
         return EmbeddedDispatcher(None, reap_interval_s=0)
     return cast(Dispatcher, dispatcher)

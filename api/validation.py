@@ -145,7 +145,7 @@ def check_interpreter_size(kernel: TunableKernel, shapes: list[dict[str, int]], 
     """A job only the interpreter can run must not sit at 0 trials for hours: refuse shapes
     whose one trial would take longer than ``limit_s`` (TUNER_INTERPRETER_TRIAL_LIMIT_S), or
     than the job's time budget ``budget_s`` (its every task would end with no trial: the
-    worker stops a task at its budget, ``tuner/worker.py``)."""
+    worker stops a task at its budget, ``tuner/app/worker.py``)."""
     for i, shape in enumerate(shapes):
         estimate = interpreter_trial_seconds(kernel, shape, dtype)
         if budget_s is not None and estimate > budget_s:

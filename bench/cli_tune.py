@@ -43,7 +43,7 @@ class CliRun(NamedTuple):
 def run_cli(kernel: str, shape: str, dtype: str, trials: int, db: str) -> CliRun:
     """``tuner tune KERNEL --json`` on the GPU as a user runs it (a subprocess, from the
     checkout's root); the tail of its stderr is printed where it failed."""
-    cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "tune", kernel, "--shape", shape,
+    cmd = [sys.executable, "-m", "tuner.app.cli", "--db", db, "tune", kernel, "--shape", shape,
            "--dtype", dtype, "--trials", str(trials), "--backend", "cuda", "--json"]
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)

@@ -31,7 +31,7 @@ else
   db=${3:?measure needs the DB the tune phase wrote}
 fi
 echo "\$ tuner --db sqlite:///$db serve --port $port --backend cuda &"
-$PY -m tuner.cli --db "sqlite:///$db" serve --port $port --backend cuda > "$out/serve_$phase.log" 2>&1 &
+$PY -m tuner.app.cli --db "sqlite:///$db" serve --port $port --backend cuda > "$out/serve_$phase.log" 2>&1 &
 pid=$!
 for _ in $(seq 240); do
   curl -sf $url/api/v1/devices | grep -q '"cuda' && break; sleep 0.5

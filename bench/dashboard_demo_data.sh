@@ -6,7 +6,7 @@ out=${1:?usage: $0 OUT_DIR}
 port=8766
 db=/tmp/dashboard-demo.db
 rm -f $db*
-python3 -m tuner.cli --db "sqlite:///$db" serve --port $port --backend cuda > "$out/serve.log" 2>&1 &
+python3 -m tuner.app.cli --db "sqlite:///$db" serve --port $port --backend cuda > "$out/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 120); do curl -sf localhost:$port/readyz >/dev/null && break; sleep 0.5; done
 submit() { curl -s -X POST localhost:$port/api/v1/jobs -H 'content-type: application/json' -d "$1"; echo; }

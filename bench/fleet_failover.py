@@ -75,7 +75,7 @@ def unshare_works() -> bool:
 def start_worker(host: str, gpu: int, env: dict[str, str], log: Path,
                  backend: str) -> subprocess.Popen[Any]:
     """``tuner worker`` on GPU ``gpu`` as machine ``host`` (own process group)."""
-    command = [sys.executable, "-m", "tuner.cli", "worker", "--backend", backend]
+    command = [sys.executable, "-m", "tuner.app.cli", "worker", "--backend", backend]
     if unshare_works():
         inner = " ".join(f"'{c}'" for c in command)
         command = ["unshare", "--uts", "sh", "-c", f"hostname {host} && exec {inner}"]

@@ -142,7 +142,8 @@ def run(workers: int, visible: str, trials: int, port: int, workdir: Path) -> di
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "TRITON_CACHE_DIR": str(cache),
            "TUNER_DATABASE_URL": f"sqlite:///{db}"}
     log = (workdir / f"serve-w{workers}.log").open("w")
-    cmd = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--backend", "cuda",
+    cmd = [sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port),
+           "--backend", "cuda",
            "--workers", str(workers)]
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -204,7 +205,8 @@ def kill_check(visible: str, workdir: Path) -> dict[str, Any]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "TUNER_DATABASE_URL": url,
            "TRITON_CACHE_DIR": str(workdir / "triton-cache-kill")}
     log = (workdir / "serve-kill-worker.log").open("w")
-    worker = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend", "cuda",
+    worker = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker",
+                               "--backend", "cuda",
                                "--device-index", str(index)], env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 480

@@ -15,7 +15,7 @@ db=/tmp/plugin-demo.db
 rm -f $db*
 exec > >(tee "$out/plugin_demo_transcript.txt") 2>&1
 echo "\$ tuner --db sqlite:///$db serve --port $port --backend cuda &"
-python3 -m tuner.cli --db "sqlite:///$db" serve --port $port --backend cuda > "$out/serve.log" 2>&1 &
+python3 -m tuner.app.cli --db "sqlite:///$db" serve --port $port --backend cuda > "$out/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 240); do
   curl -sf localhost:$port/api/v1/devices | grep -q '"cuda' && break; sleep 0.5

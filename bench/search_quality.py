@@ -83,7 +83,7 @@ def stop_run(job: StopJob) -> tuple[str, bool, int, float, str]:
     kernel = get_kernel(table.kernel)
     backend = ReplayBackend(table)
     # warm as a worker starts a shape nothing is stored for: the known-good configs its
-    # prior ranks best (tuner.worker.warm_start_configs)
+    # prior ranks best (tuner.app.worker.warm_start_configs)
     start = known_good_first(kernel, table.shape, table.dtype,
                              backend.restrict(kernel.space())) if warm else []
     result = run_search(kernel, table.shape, table.dtype, backend,

@@ -8,7 +8,7 @@ db=sqlite:////tmp/serve-demo.db
 rm -f /tmp/serve-demo.db*
 exec > >(tee "$out") 2>&1
 echo "\$ tuner --db $db serve --port $port --backend cuda &"
-python3 -m tuner.cli --db "$db" serve --port $port --backend cuda > /tmp/serve.log 2>&1 &
+python3 -m tuner.app.cli --db "$db" serve --port $port --backend cuda > /tmp/serve.log 2>&1 &
 pid=$!
 for _ in $(seq 120); do curl -sf localhost:$port/readyz >/dev/null && break; sleep 0.5; done
 echo "\$ curl -s localhost:$port/readyz"; curl -s localhost:$port/readyz; echo

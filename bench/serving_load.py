@@ -132,7 +132,7 @@ def start_server(db_url: str, port: int, api_workers: int, refresh_s: float,
                  cpus: set[int] | None, log_path: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, **PLUGIN_ENV, "TUNER_DATABASE_URL": db_url,
            "TUNER_SERVING_REFRESH_S": str(refresh_s), "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--workers", "0",
+    cmd = [sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port), "--workers", "0",
            "--api-workers", str(api_workers)]
     log = open(log_path, "wb")  # noqa: SIM115 - the server's whole life
 

@@ -158,7 +158,7 @@ def tune(problem: Problem, trials: int | None) -> dict[str, Any]:
     """One ``tuner tune`` run in a fresh database; its summary, wall time and trials."""
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/t.db"
-        cmd = [sys.executable, "-m", "tuner.cli", "--db", url, "tune", problem.kernel,
+        cmd = [sys.executable, "-m", "tuner.app.cli", "--db", url, "tune", problem.kernel,
                "--shape", problem.shape, "--dtype", problem.dtype, "--backend", "cuda",
                "--json", "--no-progress"]
         if trials:

@@ -2,8 +2,8 @@
 
 For each problem (a decode-like MoE GEMM at one token, ``moe_gemm`` M=1 of Mixtral's
 8 experts x 14336 x 4096 bf16, and a 16x4096x4096 fp16 GEMM), two tuning jobs run through the
-real worker path (``tuner.worker.execute_task`` in this process, a SQLite file, one measuring
-child and compile pool shared by the problem's jobs, as ``tuner.sweep`` shares them): one timed
+real worker path (``tuner.app.worker.execute_task`` in this process, a SQLite file, one measuring
+child and compile pool shared by the problem's jobs, as ``tuner.app.sweep`` shares them): one timed
 ``eager-flushed`` (eager launches, L2 flushed before each: the default), one ``cuda-graph``
 (launches replayed in a CUDA graph, no flush: how serving engines run decode steps). Each
 stores its best under its own method (``timing`` is part of a best's identity).
@@ -122,7 +122,7 @@ def tune(factory: Any, backend: Any, kernel: Any, shape: dict[str, int], dtype: 
          method: str, trials: int, backend_kind: str) -> Tuned:
     """One job timed ``method``, run by ``execute_task`` on the shared ``backend``."""
     from db import repo
-    from tuner.worker import execute_task
+    from tuner.app.worker import execute_task
 
     with factory() as session:
         job = repo.create_job(session, kernel=kernel.name, kernel_version=kernel.version,

@@ -121,7 +121,7 @@ def prime() -> None:
 def retune(shape: str, dtype: str, protocol: str, trials: int) -> dict[str, Any]:
     """One ``tuner tune`` run in a fresh database, under ``protocol``; its JSON summary."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "tuner.cli", "--db", f"sqlite:///{tmp}/t.db", "tune",
+        cmd = [sys.executable, "-m", "tuner.app.cli", "--db", f"sqlite:///{tmp}/t.db", "tune",
                "matmul", "--shape", shape, "--dtype", dtype, "--trials", str(trials),
                "--backend", "cuda", "--json", "--no-progress"]
         env = {**os.environ, "TUNER_TIMING_PROTOCOL": protocol}

@@ -12,8 +12,8 @@ best. With ``--table DIR`` (exhaustively recorded replay tables, ``tests/data/re
 whose table is there also gets best / optimum: the recorded time of the config the run chose over
 the table's best (both from the same recording: a like-for-like ratio), beside the run's re-timed
 best over the table's optimum (two processes: only indicative). ``--moe-sweep`` runs
-``python3 -m tuner.sweep`` over 18 token counts of one MoE layer (moe_gemm, Mixtral-8x7B's first
-GEMM: E=8 experts, N=14336, K=4096, top-2, bf16) as one job in a fresh database, at most
+``python3 -m tuner.app.sweep`` over 18 token counts of one MoE layer (moe_gemm, Mixtral-8x7B's
+first GEMM: E=8 experts, N=14336, K=4096, top-2, bf16) as one job in a fresh database, at most
 ``--sweep-trials`` (16) trials a shape, and records its total wall time and each shape's trials
 and best. ``--cold-cache`` gives every command an empty
 Triton cache (TRITON_CACHE_DIR), so that compiles are counted as a first run pays them.
@@ -89,7 +89,8 @@ def parse_problem(text: str) -> Problem:
 
 
 def tune_command(problem: Problem, db_url: str, trials: int | None) -> list[str]:
-    cmd = [sys.executable, "-m", "tuner.cli", "--db", db_url, "tune", problem.kernel, "--shape",
+    cmd = [sys.executable, "-m", "tuner.app.cli", "--db", db_url, "tune", problem.kernel,
+           "--shape",
            problem.shape_text, "--dtype", problem.dtype, "--backend", "cuda", "--json",
            "--no-progress"]
     return cmd + (["--trials", str(trials)] if trials else [])
@@ -97,7 +98,7 @@ def tune_command(problem: Problem, db_url: str, trials: int | None) -> list[str]
 
 def sweep_command(db_url: str, trials: int | None,
                   tokens: Sequence[int] = MOE_TOKENS) -> list[str]:
-    cmd = [sys.executable, "-m", "tuner.sweep", "moe_gemm", "--shape", MOE_LAYER, "--dtype",
+    cmd = [sys.executable, "-m", "tuner.app.sweep", "moe_gemm", "--shape", MOE_LAYER, "--dtype",
            MOE_DTYPE, "--sweep", "M=" + ",".join(map(str, tokens)), "--backend", "cuda",
            "--db", db_url, "--json"]
     return cmd + (["--trials", str(trials)] if trials else [])
@@ -256,7 +257,7 @@ class _Service:
                  extra_env: Mapping[str, str] | None = None) -> None:
         self.port = _free_port()
         env = {**_env(tmp, "service-cache"), "TUNER_DATABASE_URL": db, **(extra_env or {})}
-        cmd = [sys.executable, "-m", "tuner.cli", "--db", db, "serve", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "tuner.app.cli", "--db", db, "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--backend", backend, "--workers", "1",
                "--api-workers", "1"]
         self.log_path = Path(tmp) / f"{name}.log"

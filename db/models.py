@@ -348,7 +348,7 @@ class Miss(Base):
 class WorkerRow(Base):
     """One worker process (one GPU, or the CPU interpreter) as it last reported itself: where it
     runs, what it is doing and when it was last heard from. Named so as not to clash with
-    ``tuner.worker.Worker``, the process itself."""
+    ``tuner.app.worker.Worker``, the process itself."""
 
     __tablename__ = "workers"
 

@@ -15,8 +15,8 @@ from api.app import create_app
 from db import repo
 from db.engine import init_db
 from tests.support_processes import free_port
+from tuner.app.worker import TaskOutcome, Worker
 from tuner.settings import Settings
-from tuner.worker import TaskOutcome, Worker
 
 SHAPE = {"M": 16, "N": 16, "K": 16}
 JOB: dict[str, Any] = {"kernel": "matmul", "dtype": "float16", "shapes": [SHAPE],

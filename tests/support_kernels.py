@@ -54,8 +54,8 @@ def assert_known_good_configs_valid(kernel: Any, shapes: Iterable[Mapping[str, i
 
 
 def tuner_cli(*args: str, db: str) -> subprocess.CompletedProcess[str]:
-    """``python -m tuner.cli --db DB ARGS...`` on the interpreter, from the checkout's root."""
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+    """``python -m tuner.app.cli --db DB ARGS...`` on the interpreter, from the checkout's root."""
+    return subprocess.run([sys.executable, "-m", "tuner.app.cli", "--db", db, *args], cwd=ROOT,
                           env=interpreter_env(), capture_output=True, text=True, timeout=600)
 
 

@@ -1,4 +1,4 @@
-"""Helpers of the tests that start real processes: the environment of a ``python -m tuner.cli``
+"""Helpers of the tests that start real processes: the environment of a ``python -m tuner.app.cli``
 child on the Triton CPU interpreter, a free local port, polling until a condition holds,
 ``tuner serve`` as a user starts it, and whether a pid is still alive."""
 
@@ -79,7 +79,7 @@ def serving(data: Path) -> Iterator[Served]:
     base = f"http://127.0.0.1:{port}"
     env = interpreter_env(TUNER_DATA_DIR=str(data), TUNER_DATABASE_URL="")
     with open(data / "serve.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "serve", "--port",
                                  str(port), "--backend", "interpret"], cwd=data, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -13,8 +13,8 @@ from api.validation import interpreter_trial_seconds
 from db import repo
 from db.engine import init_db
 from tests.api_support import GPU, INTERPRETER, JOB, SHAPE, config_params, run_worker_once, store
+from tuner.app.worker import Worker
 from tuner.settings import Settings
-from tuner.worker import Worker
 
 
 def test_a_job_run_by_an_interpreter_worker_serves_its_verified_best(api_client, api_db_url):

@@ -230,7 +230,7 @@ def test_an_allowed_host_with_a_scheme_port_or_path_stops_start_up(hosts, monkey
 
 
 def test_serve_answers_its_loopback_names_and_its_host_or_any_on_every_address():
-    from tuner.service import default_allowed_hosts
+    from tuner.app.service import default_allowed_hosts
 
     assert default_allowed_hosts("127.0.0.1") == "localhost,127.0.0.1,::1"
     assert default_allowed_hosts("tuner-1.cluster") == "localhost,127.0.0.1,::1,tuner-1.cluster"

@@ -16,7 +16,7 @@ TABLE = ROOT / "tests/data/replay/matmul_4096x4096x4096_float16_h200.json"
 
 def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tuner.app.cli", "--db", db, *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.cli import main
+from tuner.app.cli import main
 
 HUGE = "M=4096,N=4096,K=4096"  # matmul fp16: at least ~670 s a trial on the interpreter
 
@@ -27,7 +27,7 @@ def test_tune_refuses_a_shape_the_interpreter_cannot_run_a_trial_of(tmp_path: Pa
 
 def test_the_service_limit_setting_overrides_the_refusal(monkeypatch):
     from search_spaces import get_kernel
-    from tuner.cli_commands import check_interpreter_shape
+    from tuner.app.cli_commands import check_interpreter_shape
 
     matmul = get_kernel("matmul")
     monkeypatch.setenv("TUNER_INTERPRETER_TRIAL_LIMIT_S", "1000")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.support_processes import ROOT, interpreter_env
-from tuner.cli import main
+from tuner.app.cli import main
 
 
 def _help(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -55,7 +55,7 @@ def test_a_plugin_that_does_not_load_is_reported_once(tmp_path):
     (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
     env = interpreter_env(TUNER_KERNELS="broken_plugin:KERNEL",
                           PYTHONPATH=f"{tmp_path}:{ROOT}")
-    done = subprocess.run([sys.executable, "-m", "tuner.cli", "kernels"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "tuner.app.cli", "kernels"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("RuntimeError: boom") == 1, done.stderr

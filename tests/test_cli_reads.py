@@ -13,7 +13,7 @@ import pytest
 from db import repo
 from db.engine import init_db
 from tests.api_support import INTERPRETER, running_app
-from tuner.cli import main
+from tuner.app.cli import main
 from tuner.configs_file import ConfigsFile
 from tuner.settings import Settings
 

@@ -38,7 +38,8 @@ class Service:
         return {**env, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), **extra}
 
     def command(self, *args: str, url: bool = True) -> list[str]:
-        return [sys.executable, "-m", "tuner.cli", *args, *(["--url", self.url] if url else [])]
+        url_args = ["--url", self.url] if url else []
+        return [sys.executable, "-m", "tuner.app.cli", *args, *url_args]
 
     def run(self, *args: str, url: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.command(*args, url=url), cwd=ROOT, env=self.env(**env),

@@ -86,7 +86,7 @@ def test_the_worker_health_check_fails_once_its_beats_stop(tmp_path):
 
 def test_a_worker_touches_its_health_file_at_each_beat_that_reached_the_database(tmp_path):
     from db import repo
-    from tuner.service import keep_present
+    from tuner.app.service import keep_present
 
     factory = init_db(f"sqlite:///{tmp_path / 'w.db'}")
     with factory() as session:

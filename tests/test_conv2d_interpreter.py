@@ -316,7 +316,7 @@ def test_both_layouts_are_registered_under_their_names_and_refs():
 
 def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tuner.app.cli", "--db", db, *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -71,9 +71,9 @@ def test_serve_refuses_jobs_and_is_unready_once_its_sqlite_file_is_deleted(tmp_p
 # -- 2. a database that does not answer at start -----------------------------------------------
 
 def start(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
-    """``python -m tuner.cli ARGS`` on the interpreter, stdout and stderr into ``log``."""
+    """``python -m tuner.app.cli ARGS`` on the interpreter, stdout and stderr into ``log``."""
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "tuner.cli", *args], cwd=ROOT,
+        return subprocess.Popen([sys.executable, "-m", "tuner.app.cli", *args], cwd=ROOT,
                                 env=interpreter_env(**env), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -208,7 +208,7 @@ def test_a_worker_waits_for_the_missing_folder_of_an_explicit_sqlite_file(tmp_pa
 
 
 def test_the_default_data_folder_is_created(tmp_path: Path):
-    from tuner.service import wait_for_database
+    from tuner.app.service import wait_for_database
 
     data = tmp_path / "new" / "data"
     wait_for_database(Settings(data_dir=data, database_url=""))
@@ -223,7 +223,7 @@ def test_the_default_data_folder_is_created(tmp_path: Path):
 def test_a_database_url_that_can_never_work_exits_2_with_one_line(tmp_path: Path,
                                                                   command: str, url: str,
                                                                   says: str):
-    done = subprocess.run([sys.executable, "-m", "tuner.cli", "--db", url,
+    done = subprocess.run([sys.executable, "-m", "tuner.app.cli", "--db", url,
                            *service_args(command)], cwd=ROOT, env=interpreter_env(),
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 2

@@ -1,4 +1,4 @@
-"""One conformance suite for every dispatcher (``tuner.dispatch``): the embedded one on SQLite
+"""One conformance suite for every dispatcher (``tuner.app.dispatch``): the embedded one on SQLite
 and on PostgreSQL, procrastinate on PostgreSQL.
 
 What each must do: every queued task runs exactly once, on a worker of its job's device (or
@@ -7,7 +7,7 @@ task promptly and its queued ones never start; a worker that stops mid-task give
 back and another resumes it from its stored trials; a worker SIGKILLed mid-task loses no
 trial and its task is finished by another, once.
 
-Real workers throughout (``tuner.worker.Worker``), real databases, and for the kill a real
+Real workers throughout (``tuner.app.worker.Worker``), real databases, and for the kill a real
 worker process: the tasks that must run to an end run the vector_add kernel on the Triton
 CPU interpreter. The routing test's workers record the tasks they are handed and finish
 them without measuring (``_Recording``: what is under test there is who gets which task).
@@ -30,9 +30,9 @@ from db import repo
 from db.engine import init_db
 from tests.conftest import POSTGRES_URL, _postgres_database
 from tests.support_processes import ROOT, interpreter_env
-from tuner.dispatch import Dispatcher, make_dispatcher
+from tuner.app.dispatch import Dispatcher, make_dispatcher
+from tuner.app.worker import TaskOutcome, Worker
 from tuner.settings import Settings
-from tuner.worker import TaskOutcome, Worker
 
 SETUPS = ["embedded-sqlite", "embedded-postgres", "procrastinate-postgres"]
 #: seconds: a short lease (embedded) and stall timeout (procrastinate), so a dead worker's
@@ -251,9 +251,9 @@ def test_a_worker_stopping_mid_task_gives_it_back_and_another_resumes_it(setup):
 _PROCESS_WORKER = """
 import signal, sys
 from db.engine import init_db
-from tuner.dispatch import make_dispatcher
+from tuner.app.dispatch import make_dispatcher
 from tuner.settings import Settings
-from tuner.worker import Worker
+from tuner.app.worker import Worker
 
 settings = Settings()
 factory = init_db(settings.resolved_database_url)
@@ -299,7 +299,7 @@ def test_a_worker_killed_mid_task_loses_no_trial_and_another_finishes_it_once(se
 
 
 def test_the_dispatcher_follows_the_database_unless_named(tmp_path):
-    from tuner.dispatch import dispatch_name
+    from tuner.app.dispatch import dispatch_name
 
     sqlite = f"sqlite:///{tmp_path / 'x.db'}"
     postgres = "postgresql://postgres@127.0.0.1:5432/test"

@@ -17,7 +17,7 @@ import pytest
 from db import repo
 from db.engine import init_db
 from search_spaces import get_kernel
-from tuner.cli import main
+from tuner.app.cli import main
 from tuner.config import KernelConfig
 from tuner.configs_file import ConfigsEntry, ConfigsFile, nearest_m, read_vllm, write_tuner
 from tuner.device import INTERPRETER_NAME
@@ -66,7 +66,7 @@ def devices(url: str) -> dict[str, tuple[str, str, str | None]]:
 
 def tuner(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "tuner.app.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -9,7 +9,7 @@ import os
 import stat
 
 from tests.test_export import SQUARE, one_error_line, source, store, store_moe
-from tuner.cli import main
+from tuner.app.cli import main
 
 __all__ = ["source"]  # the fixture
 

@@ -13,6 +13,7 @@ import pytest
 from db import repo
 from db.engine import init_db
 from search_spaces import get_kernel
+from tuner.app.worker import warm_start_configs
 from tuner.backends.replay import ReplayBackend, load_table
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
@@ -26,7 +27,6 @@ from tuner.search import (
 )
 from tuner.space import Param, ProblemContext, SearchSpace
 from tuner.strategies.model_based import ModelStrategy
-from tuner.worker import warm_start_configs
 
 REPLAY = Path(__file__).resolve().parent / "data" / "replay"
 #: the matmul tables: the 8 the cost model was checked on and the 6 held out
@@ -288,8 +288,8 @@ def test_measure_takes_a_compile_finished_ahead_instead_of_compiling_again():
 # -- a sweep of shapes as one job on one backend ------------------------------------------------
 
 def test_parse_sweep_and_its_shapes():
+    from tuner.app.sweep import parse_sweep, sweep_shapes
     from tuner.errors import InvalidRequest
-    from tuner.sweep import parse_sweep, sweep_shapes
 
     assert parse_sweep("M=64,1,8,8") == ("M", [1, 8, 64])
     assert sweep_shapes({"N": 16, "K": 32}, "M", [4, 1]) == [{"N": 16, "K": 32, "M": 1},
@@ -347,7 +347,7 @@ def test_a_config_compiling_for_the_old_problem_at_a_retarget_is_compiled_for_th
 
 
 def test_a_sweep_runs_its_shapes_in_one_child_each_seeded_by_the_one_before(tmp_path):
-    from tuner.sweep import run_sweep
+    from tuner.app.sweep import run_sweep
 
     factory = init_db(f"sqlite:///{tmp_path / 'sweep.db'}")
     kernel = get_kernel("matmul")
@@ -400,7 +400,7 @@ def _queue_job(factory: Any, kernel_name: str, dtype: str, shape: dict[str, int]
 
 
 def test_a_worker_keeps_its_child_across_tasks_of_different_kernels(tmp_path):
-    from tuner.worker import Worker
+    from tuner.app.worker import Worker
 
     factory = init_db(f"sqlite:///{tmp_path / 'keep.db'}")
     jobs = [_queue_job(factory, "matmul", "float16", {"M": 8, "N": 16, "K": 16}),
@@ -425,7 +425,7 @@ def test_a_worker_keeps_its_child_across_tasks_of_different_kernels(tmp_path):
 
 
 def test_a_prestarted_worker_runs_its_first_task_in_the_child_it_started(tmp_path):
-    from tuner.worker import Worker
+    from tuner.app.worker import Worker
 
     factory = init_db(f"sqlite:///{tmp_path / 'pre.db'}")
     _queue_job(factory, "softmax", "float32", {"M": 3, "N": 10})
@@ -445,7 +445,7 @@ def test_a_prestarted_worker_runs_its_first_task_in_the_child_it_started(tmp_pat
 
 def test_a_kept_backend_is_dropped_after_a_failed_task_and_when_idle():
     from tests.fakes.faulty import KERNEL
-    from tuner.worker import BackendKeeper
+    from tuner.app.worker import BackendKeeper
 
     keeper = BackendKeeper(idle_s=0.0)
     first = keeper.acquire("interpret", KERNEL, {"N": 8}, "float32", 0, compile_workers=0)

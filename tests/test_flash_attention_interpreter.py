@@ -338,7 +338,7 @@ def test_the_launcher_refuses_non_contiguous_tensors():
 
 def tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tuner.app.cli", "--db", db, *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 
 

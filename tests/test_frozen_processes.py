@@ -170,7 +170,7 @@ class TransactionProbe:
 def test_no_transaction_is_open_while_a_worker_loads_ranks_measures_or_retimes(
         any_db_url: str, monkeypatch: pytest.MonkeyPatch):
     from search_spaces import get_kernel
-    from tuner import worker
+    from tuner.app import worker
     from tuner.backends.replay import ReplayBackend, load_table
 
     # the cancel check's reads (one short transaction a second) would race with the probe
@@ -224,7 +224,7 @@ _FROZEN = """
 import os, signal, sys
 from db import repo
 from db.engine import init_db
-from tuner import worker
+from tuner.app import worker
 from tuner.backends.replay import load_table
 from tuner.settings import DatabaseBounds
 
@@ -333,7 +333,7 @@ def _within(seconds: float, work: Any) -> tuple[Any, float]:
 @pytest.mark.timeout(240)
 def test_a_frozen_worker_holds_up_neither_lease_renewals_nor_the_reaper(postgres_url: str,
                                                                         tmp_path: Path):
-    from tuner.worker import reap_forever
+    from tuner.app.worker import reap_forever
 
     factory = init_db(postgres_url, bounds=BOUNDS)
     _job_id, frozen_task, other_task = _two_task_job(factory)
@@ -429,7 +429,7 @@ import os, sys
 from db import repo
 from db.engine import init_db
 from tests.fakes.faulty import SLEEPY
-from tuner import worker
+from tuner.app import worker
 
 worker.get_kernel = lambda name: SLEEPY
 factory = init_db(sys.argv[1])

@@ -425,7 +425,7 @@ def test_tuner_export_writes_flas_own_config_files_that_fla_reads(bare_service, 
     flush_reports()
     measured = chosen(D_OTHER)
     out = tmp_path / "fla-configs"
-    exported = subprocess.run([sys.executable, "-m", "tuner.cli", "export", "--url", url,
+    exported = subprocess.run([sys.executable, "-m", "tuner.app.cli", "export", "--url", url,
                                "--format", "fla", "--out", str(out)], cwd=ROOT,
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.api_support import INTERPRETER, register_devices, running_app
-from tuner.cli import main
+from tuner.app.cli import main
 from tuner.settings import Settings
 
 JOB = {"kernel": "matmul", "dtype": "float16", "shapes": [{"M": 16, "N": 16, "K": 16}],

@@ -23,12 +23,12 @@ from db import repo
 from db.engine import alembic_config, init_db, make_engine
 from search_spaces import get_kernel
 from tests.api_support import GPU
+from tuner.app.worker import StoredBest, decide_best, execute_task, warm_start_configs
 from tuner.backends.replay import ReplayBackend, load_table, with_added_params
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
 from tuner.roofline import floor_ms, roofline
 from tuner.search import DEFAULT_STOP_MIN_TRIALS
-from tuner.worker import StoredBest, decide_best, execute_task, warm_start_configs
 
 TABLE = Path(__file__).resolve().parent / "data/replay/matmul_4096x4096x4096_float16_h200.json"
 BIG = {"M": 4096, "N": 4096, "K": 4096}
@@ -412,8 +412,8 @@ class _Outcome:
 
 
 def test_the_cli_summary_labels_its_numbers_and_carries_the_gpu_state():
+    from tuner.app.tune_report import summary_of as _summary
     from tuner.search import SearchResult
-    from tuner.tune_report import summary_of as _summary
 
     a, b = KernelConfig({"BLOCK_M": 128}), KernelConfig({"BLOCK_M": 64})
     trial_a = Measurement(a, Outcome.OK, 0.197, 0.1991, 0.201,

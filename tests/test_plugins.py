@@ -72,7 +72,7 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_rest_still_work(broke
 
 
 def test_the_cli_lists_plugins_and_names_the_broken_one(broken_plugin):
-    done = subprocess.run([sys.executable, "-m", "tuner.cli", "kernels"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tuner.app.cli", "kernels"], capture_output=True,
                           text=True, env=os.environ.copy(), timeout=120)
     assert done.returncode == 0
     assert "rmsnorm: M in [1, 1048576]" in done.stdout and "[plugin bias_gelu:KERNEL]" in (
@@ -118,7 +118,7 @@ def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "TUNER_DATA_DIR": str(tmp_path),
            "TUNER_DATABASE_URL": ""}
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port),
                              "--backend", "interpret"], cwd=tmp_path, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"

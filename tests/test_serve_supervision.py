@@ -1,5 +1,5 @@
 """``tuner serve`` under an operator's faults: ``kill -9`` of it, its port taken. Real
-processes, real signals, real sockets (``tuner.supervision``)."""
+processes, real signals, real sockets (``tuner.app.supervision``)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _serve(data: Path, port: int, log_name: str = "serve.log", **env: str
     takes over a minute)."""
     with open(data / log_name, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--backend",
+            [sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port), "--backend",
              "interpret"], cwd=data, stdout=log, stderr=subprocess.STDOUT,
             env=interpreter_env(TUNER_DATA_DIR=str(data), TUNER_DATABASE_URL="", **env),
             start_new_session=True)
@@ -128,7 +128,7 @@ def test_a_port_in_use_is_one_line_naming_the_port_and_its_holder(tmp_path: Path
         holder.listen()
         port = holder.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--backend",
+            [sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port), "--backend",
              "interpret"], cwd=tmp_path, capture_output=True, text=True, timeout=100,
             env=interpreter_env(TUNER_DATA_DIR=str(tmp_path), TUNER_DATABASE_URL=""))
     assert done.returncode == 2
@@ -324,7 +324,7 @@ def test_requests_sent_at_a_normal_pace_are_answered_on_one_kept_connection(serv
 
 
 def test_the_state_file_of_a_killed_serve_is_removed_by_the_next(tmp_path: Path):
-    from tuner.supervision import remove_stale_states
+    from tuner.app.supervision import remove_stale_states
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()

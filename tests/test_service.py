@@ -19,7 +19,7 @@ from db import repo
 from db.engine import init_db
 from tests.api_support import queue_task
 from tests.support_processes import ROOT, interpreter_env, serving, wait_for
-from tuner import service, supervision
+from tuner.app import service, supervision
 from tuner.client import TunerClient
 from tuner.settings import Settings
 
@@ -68,7 +68,7 @@ def test_a_worker_stopped_by_sigterm_requeues_its_task_with_its_trials(tmp_path:
     task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
     log = open(tmp_path / "worker.log", "wb")
     no_early_stop = {"TUNER_STOP_CHANCE": "0", "TUNER_PATIENCE": "0", "TUNER_ROOFLINE_STOP": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker", "--backend",
                              "interpret"],
                             env=interpreter_env(TUNER_DATABASE_URL=db_url, **no_early_stop),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -198,7 +198,7 @@ def test_a_worker_that_stays_up_resets_the_back_off(tmp_path: Path):
 
 
 def test_a_worker_hands_its_compile_share_to_each_task(monkeypatch, tmp_path: Path):
-    from tuner import worker as worker_module
+    from tuner.app import worker as worker_module
 
     seen: dict[str, Any] = {}
 

@@ -26,7 +26,7 @@ from db import repo
 from db.engine import init_db
 from search_spaces import get_kernel
 from tests.api_support import GPU, INTERPRETER, store
-from tuner import service
+from tuner.app import service
 from tuner.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,7 +222,7 @@ def test_tuner_serve_with_api_workers_answers_without_the_delayed_ack_stall(tmp_
         port = int(s.getsockname()[1])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_DATA_DIR": str(tmp_path),
            "TUNER_DATABASE_URL": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port),
                              "--workers", "0", "--api-workers", "2"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

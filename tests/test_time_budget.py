@@ -23,7 +23,8 @@ from tuner.interpreter_estimate import (
 @pytest.mark.parametrize("budget_s", [6.0, None], ids=["job budget", "interpreter default"])
 def test_a_hanging_config_is_stopped_at_the_time_budget(any_db_url, monkeypatch, budget_s):
     from tests.fakes.faulty import HANGS
-    from tuner import interpreter_estimate, worker
+    from tuner import interpreter_estimate
+    from tuner.app import worker
     from tuner.backends import TimingOptions
 
     factory = init_db(any_db_url)

@@ -23,6 +23,7 @@ from db.engine import alembic_config, init_db, make_engine
 from search_spaces import get_kernel
 from tests.api_support import CONFIG, GPU, INTERPRETER, SHAPE, config_params, store
 from tuner import gpu_timer
+from tuner.app.worker import execute_task
 from tuner.backends.child import ChildState, _time_fn
 from tuner.backends.replay import ReplayBackend, ReplayTableError, load_table, parse_table
 from tuner.client import TunerClient
@@ -31,7 +32,6 @@ from tuner.configs_file import ConfigsEntry, ConfigsFile, write_tuner, write_vll
 from tuner.errors import InvalidRequest
 from tuner.identity import local_triton_version
 from tuner.timing import TIMING_METHODS as TIMINGS
-from tuner.worker import execute_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "tests/data/replay/matmul_16x4096x4096_float16_h200.json"
@@ -321,7 +321,7 @@ def test_a_configs_file_keeps_each_entrys_timing(tmp_path):
 
 def _tuner(*args: str, db: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--db", db, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tuner.app.cli", "--db", db, *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
 
 

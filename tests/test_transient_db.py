@@ -48,8 +48,8 @@ def _claimed_task(factory: Any, worker: str = "w1") -> int:
 
 
 def _run(factory: Any, task_id: int, worker: str = "w1", **kwargs: Any) -> Any:
+    from tuner.app.worker import execute_task
     from tuner.backends.replay import load_table
-    from tuner.worker import execute_task
 
     return execute_task(factory, task_id, backend_kind="replay", worker_id=worker,
                         replay_table=load_table(TABLE), **kwargs)
@@ -222,7 +222,7 @@ _STATEMENT = ("INSERT INTO trials (task_id, number, config, config_key, outcome,
 
 def test_a_database_error_that_fails_a_task_reads_as_a_sentence_not_sql(
         any_db_url: str, monkeypatch: pytest.MonkeyPatch):
-    from tuner import worker
+    from tuner.app import worker
 
     def refused(*_args: Any, **_kwargs: Any) -> Any:
         raise IntegrityError(_STATEMENT, {"task_id": 1, "number": 1, "config": "x" * 900},

@@ -1,7 +1,7 @@
 """A Triton upgrade on a worker: the configs tuned under the previous minor stay served,
 labelled ``other-triton``, and the shapes tuned there are queued for re-tuning under the new
 minor when the worker registers its device (``repo.queue_upgrade_retunes``, called by
-``tuner/service.py``): once per shape, at most ``TUNER_MISS_CAP_PER_KERNEL`` shapes a kernel,
+``tuner/app/service.py``): once per shape, at most ``TUNER_MISS_CAP_PER_KERNEL`` shapes a kernel,
 one job per (kernel, kernel version, dtype), each saying why on the dashboard and in the API.
 On SQLite and PostgreSQL."""
 
@@ -16,8 +16,8 @@ from db import repo
 from db.engine import init_db
 from db.models import BestConfig, Job, Task, utcnow
 from search_spaces import get_kernel
+from tuner.app.service import _register_device
 from tuner.device import DeviceFingerprint
-from tuner.service import _register_device
 from tuner.settings import Settings
 from tuner.shapes import shape_key
 

@@ -19,11 +19,11 @@ from sqlalchemy import inspect
 from db import repo
 from db.engine import alembic_config, init_db, make_engine
 from search_spaces import get_kernel
+from tuner.app.worker import StoredBest, decide_best, execute_task
 from tuner.backends.replay import ReplayBackend, load_table
 from tuner.config import KernelConfig
 from tuner.measurement import Measurement, Outcome
 from tuner.search import SearchOptions, run_search
-from tuner.worker import StoredBest, decide_best, execute_task
 
 KERNEL = get_kernel("vector_add")
 SHAPE = {"N": 1 << 24}

@@ -1,7 +1,7 @@
 """Runs that are interrupted, crash or lose their lease leave the store consistent: no task stuck
 in ``running``, no finished trial lost, no measuring process left behind.
 
-Real processes and signals throughout: ``python -m tuner.cli`` subprocesses on the Triton CPU
+Real processes and signals throughout: ``python -m tuner.app.cli`` subprocesses on the Triton CPU
 interpreter, real SQLite files and (with TUNER_TEST_POSTGRES_URL) a real PostgreSQL database.
 """
 
@@ -38,7 +38,7 @@ def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_u
     factory = init_db(any_db_url)
     out = open(tmp_path / "tune.out", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", "--db", any_db_url, "tune", "matmul",
+        [sys.executable, "-m", "tuner.app.cli", "--db", any_db_url, "tune", "matmul",
          "--shape", "M=32,N=32,K=32", "--dtype", "float16", "--backend", "interpret",
          "--trials", "500", "--no-progress"],
         # the "no expected gain" stop off: the search must still be running when interrupted
@@ -78,7 +78,7 @@ def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_u
 def test_an_unknown_strategy_is_refused_before_a_job_is_created(tmp_path):
     db = tmp_path / "s.db"
     out = subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "--db", f"sqlite:///{db}", "tune", "matmul",
+        [sys.executable, "-m", "tuner.app.cli", "--db", f"sqlite:///{db}", "tune", "matmul",
          "--shape", "M=16,N=16,K=16", "--backend", "interpret", "--strategy", "nope"],
         cwd=ROOT, env=interpreter_env(), capture_output=True, text=True, timeout=120)
     from tuner.strategies import strategy_names
@@ -90,11 +90,11 @@ def test_an_unknown_strategy_is_refused_before_a_job_is_created(tmp_path):
 
 
 def test_tune_help_lists_every_strategy():
-    from tuner.cli import STRATEGY_NAMES
+    from tuner.app.cli import STRATEGY_NAMES
     from tuner.strategies import strategy_names
 
     assert list(STRATEGY_NAMES) == strategy_names()
-    out = subprocess.run([sys.executable, "-m", "tuner.cli", "tune", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "tuner.app.cli", "tune", "--help"], cwd=ROOT,
                          env=interpreter_env(COLUMNS="300"), capture_output=True, text=True,
                          timeout=60)
     assert f"search strategy: {', '.join(strategy_names())}" in out.stdout
@@ -108,7 +108,7 @@ def _started_task(factory: Any, *, trials: int = 4, worker_id: str = "cli") -> i
 @pytest.mark.parametrize("where", ["open_backend", "run_search"])
 def test_any_exception_while_opening_or_searching_fails_the_task(any_db_url, monkeypatch,
                                                                   where):
-    from tuner import worker
+    from tuner.app import worker
 
     def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError("the driver said no")
@@ -134,7 +134,7 @@ _WORKER = """
 import functools, sys
 from db.engine import init_db
 from tests.fakes.faulty import KERNEL
-from tuner import worker
+from tuner.app import worker
 from tuner.backends import TimingOptions
 from tuner.backends.process import ChildProcess
 
@@ -209,8 +209,8 @@ def test_a_worker_whose_lease_went_to_another_stops_and_writes_nothing(any_db_ur
                                                                        stolen_after):
     """The lease is reaped and claimed by worker w2 after trial ``stolen_after`` of w1 (4 is
     the last: the search is over, its best not yet stored)."""
+    from tuner.app.worker import execute_task
     from tuner.backends.replay import load_table
-    from tuner.worker import execute_task
 
     factory = init_db(any_db_url)
     task_id = queue_task(factory, {"M": 4096, "N": 4096, "K": 4096}, 4, backend="replay",
@@ -364,7 +364,7 @@ def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
     factory = init_db(any_db_url)
     task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
     log = open(tmp_path / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--backend",
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker", "--backend",
                              "interpret"], cwd=ROOT,
                             env=interpreter_env(TUNER_DATABASE_URL=any_db_url,
                                                 TUNER_STOP_CHANCE="0"),

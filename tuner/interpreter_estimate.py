@@ -1,6 +1,6 @@
 """How long the Triton CPU interpreter takes: a lower bound on one trial (the API's admission
 check, ``api/validation.py``) and the wall-time bound of a task that has no time budget of its
-own (``tuner/worker.py``): a small interpreter job must not hold the only worker for many
+own (``tuner/app/worker.py``): a small interpreter job must not hold the only worker for many
 minutes (softmax 256x4096 once took 12, three of its configs hanging 60 s each)."""
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=60.0, gt=1)
     #: seconds between reaper passes (re-queueing tasks whose lease expired)
     reap_interval_seconds: float = Field(default=15.0, gt=0)
-    #: how queued tasks reach workers (tuner.dispatch): auto = procrastinate on PostgreSQL,
+    #: how queued tasks reach workers (tuner.app.dispatch): auto = procrastinate on PostgreSQL,
     #: embedded on SQLite; or embedded, procrastinate
     dispatch: str = "auto"
     #: procrastinate dispatch: seconds without a worker's heartbeat before its running task is

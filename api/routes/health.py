@@ -22,8 +22,8 @@ from api.routes.devices import worker_public
 from db import repo
 from db.engine import opened_file
 from search_spaces import kernel_names, plugin_errors
+from tuner.app.supervision import read_state
 from tuner.settings import Settings
-from tuner.supervision import read_state
 
 router = APIRouter(tags=["health"])
 
@@ -82,7 +82,7 @@ def _worker(row: Any, lease_seconds: float) -> dict[str, Any]:
 
 
 def supervisor_health() -> dict[str, Any] | None:
-    """The workers ``tuner serve`` runs, as it last wrote them (``tuner.supervision``): each
+    """The workers ``tuner serve`` runs, as it last wrote them (``tuner.app.supervision``): each
     one's state (``running``, or ``restarting`` while none runs), pid, restarts, exits in a
     row right after starting, last exit and seconds until its restart; None when this API
     does not run under ``serve``."""

@@ -76,7 +76,7 @@ def _lease(session: Session, task_id: int, worker_id: str, lease_seconds: float)
 
 def take_task(session: Session, task_id: int, worker_id: str,
               lease_seconds: float) -> Task | None:
-    """Take a task a dispatcher handed to ``worker_id`` (``tuner.dispatch.procrastinate``: the
+    """Take a task a dispatcher handed to ``worker_id`` (``tuner.app.dispatch.procrastinate``: the
     engine's fetch already chose this worker, atomically): a queued task becomes running with
     one more attempt, as ``claim_task`` makes it; a running one (its worker went silent and
     the engine put its job back) changes lease owner, which fences the old worker off every

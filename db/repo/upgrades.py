@@ -35,7 +35,7 @@ def queue_upgrade_retunes(session: Session, *, device_key: str, triton_version: 
                           trials: int) -> list[Job]:
     """Queue the shapes tuned on ``device_key`` under older Triton minors for re-tuning under
     ``triton_version``, the one a worker just registered the device with (a worker's start:
-    ``tuner/service.py``). The old bests stay served meanwhile, labelled ``other-triton``.
+    ``tuner/app/service.py``). The old bests stay served meanwhile, labelled ``other-triton``.
 
     Per kernel with such bests: the shapes of its current version (``version_of(kernel)``;
     None: not installed here, nothing queued) whose bests on the device are all of older

@@ -34,7 +34,7 @@ def test_a_sigkilled_worker_leaves_no_process_on_the_gpu(cuda_machine: list[Gpu]
     log_path = tmp_path / "tune.log"
     with log_path.open("w") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "tuner.cli", "--db", f"sqlite:///{tmp_path / 'kill.db'}",
+            [sys.executable, "-m", "tuner.app.cli", "--db", f"sqlite:///{tmp_path / 'kill.db'}",
              "tune", "matmul", "--shape", "M=4096,N=4096,K=4096", "--dtype", "float16",
              "--trials", "500", "--backend", "cuda", "--no-progress"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

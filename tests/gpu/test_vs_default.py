@@ -13,8 +13,8 @@ from db import repo
 from db.engine import init_db
 from search_spaces import get_kernel
 from tests.gpu.smi import Gpu
+from tuner.app.worker import execute_task
 from tuner.config import KernelConfig
-from tuner.worker import execute_task
 
 pytestmark = pytest.mark.gpu
 

@@ -42,7 +42,7 @@ from db import repo
 from db.engine import normalise_url
 
 if TYPE_CHECKING:
-    from tuner.worker import Worker
+    from tuner.app.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class ProcrastinateDispatcher:
         """Run procrastinate's worker for ``worker``'s device until ``worker.stopping``;
         restarted (after a pause) when it stops on its own, e.g. when the database went away
         under it."""
-        from tuner.worker import reap_forever
+        from tuner.app.worker import reap_forever
 
         # the lease's safety net: a task whose owner stayed silent past its lease goes back
         # to our queue, and the upkeep pass dispatches it (when procrastinate has not already)

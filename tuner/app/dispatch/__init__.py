@@ -5,12 +5,12 @@ a dispatcher only decides which worker runs which queued task, when, and what ha
 that worker dies or the job is cancelled. Two implement one small interface (``Dispatcher``),
 and one conformance suite (tests/test_dispatch_conformance.py) runs against both:
 
-``embedded`` (``tuner.dispatch.embedded``)
+``embedded`` (``tuner.app.dispatch.embedded``)
     The default on SQLite (one machine, no server): the tasks table is the queue. A worker
     claims the oldest claimable task with a guarded UPDATE, holds it under a lease it renews,
     and a reaper re-queues tasks whose lease expired.
 
-``procrastinate`` (``tuner.dispatch.procrastinate``)
+``procrastinate`` (``tuner.app.dispatch.procrastinate``)
     The default on PostgreSQL (a fleet of machines sharing one database): dispatch runs on
     procrastinate, a task engine built on PostgreSQL alone (no other server). One procrastinate
     job per queued task, on one queue per device (``queue_name``) plus ``tuner-any`` for jobs
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from db.engine import is_sqlite
 
 if TYPE_CHECKING:
+    from tuner.app.worker import Worker
     from tuner.settings import Settings
-    from tuner.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,10 @@ def make_dispatcher(settings: Settings, factory: Any) -> Dispatcher:
     Procrastinate's schema is created in that database when missing."""
     name = dispatch_name(settings)
     if name == "embedded":
-        from tuner.dispatch.embedded import EmbeddedDispatcher
+        from tuner.app.dispatch.embedded import EmbeddedDispatcher
 
         return EmbeddedDispatcher(factory, reap_interval_s=settings.reap_interval_seconds)
-    from tuner.dispatch.procrastinate import ProcrastinateDispatcher
+    from tuner.app.dispatch.procrastinate import ProcrastinateDispatcher
 
     return ProcrastinateDispatcher(factory, settings.resolved_database_url,
                                    stalled_after_s=settings.stalled_after_s,

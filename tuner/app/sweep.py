@@ -1,6 +1,6 @@
 """Tuning one kernel over a sweep of shapes as one job on one backend.
 
-    python3 -m tuner.sweep moe_gemm --shape N=14336,K=4096,E=8,TOPK=2 --dtype bfloat16 \\
+    python3 -m tuner.app.sweep moe_gemm --shape N=14336,K=4096,E=8,TOPK=2 --dtype bfloat16 \\
         --sweep M=1,2,4,8,16,24,32,48,64,96,128,256,512,1024,1536,2048,3072,4096 [--json]
 
 A token-count sweep (vLLM tunes its fused-MoE configs for 18 of them) as ``tuner tune`` once per
@@ -50,7 +50,8 @@ def sweep_shapes(base: Mapping[str, int], dim: str, values: Sequence[int]) -> li
 @dataclass
 class SweepResult:
     job_id: str
-    #: each task's outcome (``tuner.worker.TaskOutcome``) and wall seconds, in the sweep's order
+    #: each task's outcome (``tuner.app.worker.TaskOutcome``) and wall seconds, in the sweep's
+    #: order
     outcomes: list[tuple[dict[str, int], Any, float]] = field(default_factory=list)
     wall_s: float = 0.0
     #: backends opened (1 unless one died and was replaced) and the GPU children they started
@@ -67,8 +68,8 @@ def run_sweep(factory: Any, kernel: TunableKernel, shapes: Sequence[dict[str, in
     one only after a task left it dead). Each task stores its best before the next starts.
     ``timing``: how its configs are timed (``tuner/timing.py``)."""
     from db import repo
+    from tuner.app.worker import execute_task
     from tuner.backends import open_backend
-    from tuner.worker import execute_task
 
     started = time.monotonic()
     with factory() as session:
@@ -117,7 +118,7 @@ def _open(open_backend: Any, kind: str, kernel: TunableKernel, shape: dict[str, 
 def _parser() -> argparse.ArgumentParser:
     from tuner.strategies import strategy_names
 
-    ap = argparse.ArgumentParser(prog="python3 -m tuner.sweep",
+    ap = argparse.ArgumentParser(prog="python3 -m tuner.app.sweep",
                                  description="tune one kernel over a sweep of shapes as one job")
     ap.add_argument("kernel")
     ap.add_argument("--sweep", required=True, help="DIM=V1,V2,... e.g. M=1,2,4,8")
@@ -138,11 +139,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from search_spaces import get_kernel
+    from tuner.app.tune_report import check_interpreter_timing, summary_of
     from tuner.backends import resolve_backend_kind
     from tuner.dtypes import check_dtype
     from tuner.settings import Settings
     from tuner.shapes import parse_shape, validate_shape
-    from tuner.tune_report import check_interpreter_timing, summary_of
 
     args = _parser().parse_args(argv)
     try:
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if backend == "interpret":
             check_interpreter_timing(args.timing)
     except TunerError as exc:
-        print(f"tuner.sweep: {exc}", file=sys.stderr)
+        print(f"tuner.app.sweep: {exc}", file=sys.stderr)
         return 2
     from db.engine import init_db
 

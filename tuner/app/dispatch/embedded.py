@@ -11,7 +11,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tuner.worker import Worker
+    from tuner.app.worker import Worker
 
 
 class EmbeddedDispatcher:
@@ -27,7 +27,7 @@ class EmbeddedDispatcher:
         """Nothing to do: the task's status is what its worker checks."""
 
     def serve(self, worker: Worker) -> None:
-        from tuner.worker import reap_forever
+        from tuner.app.worker import reap_forever
 
         threading.Thread(target=reap_forever, name="reaper", daemon=True,
                          args=(self.factory, self.reap_interval_s, worker.stopping)).start()

@@ -2,7 +2,7 @@
 and submit, follow and cancel jobs on a running service.
 
 Bad input gets one clear line on stderr and exit status 2; a tuning run that finds no working
-config exits 1 (the service commands' other statuses: ``tuner.cli_service``).
+config exits 1 (the service commands' other statuses: ``tuner.app.cli_service``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.cli_common import (
+from tuner.app.cli_common import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     DEFAULT_URL,
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from tuner import cli_commands, cli_service
+    from tuner.app import cli_commands, cli_service
 
     handler = {"tune": cli_commands.tune, "configs": cli_commands.configs,
                "kernels": cli_commands.kernels, "worker": cli_commands.worker,

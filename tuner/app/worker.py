@@ -23,10 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import repo
 from db.transient import StoreUnavailable, backoff_delays, describe, retry_transient
 from search_spaces import get_kernel
-from tuner.backends import TimingOptions, open_backend
-from tuner.backends.base import use_timing
-from tuner.backends.replay import ReplayTable
-from tuner.best_decision import (  # noqa: F401 (also re-exported for the old imports)
+from tuner.app.best_decision import (  # noqa: F401 (also re-exported for the old imports)
     BestDecision,
     StoredBest,
     _noise_margin,
@@ -34,6 +31,9 @@ from tuner.best_decision import (  # noqa: F401 (also re-exported for the old im
     decide_best,
     stored_best,
 )
+from tuner.backends import TimingOptions, open_backend
+from tuner.backends.base import use_timing
+from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.interpreter_estimate import interpreter_time_budget_s
@@ -173,7 +173,7 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  backend: Any = None,
                  keeper: BackendKeeper | None = None) -> TaskOutcome:
     """Run one task to its end and persist everything. ``backend``: one already open for this
-    kernel and dtype (a sweep's shapes share one GPU child and compile pool, ``tuner.sweep``):
+    kernel and dtype (a sweep's shapes share one GPU child and compile pool, ``tuner.app.sweep``):
     moved to the task's shape (``retarget``) and left open; ``keeper``: a worker's backend
     kept across tasks, reused (moved to this task's problem) or opened, and kept after the
     task unless it failed; else one is opened and closed here. ``heartbeat`` renews the lease and

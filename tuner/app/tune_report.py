@@ -1,4 +1,4 @@
-"""What ``tuner tune`` (one shape, or a sweep: ``tuner.sweep``) reports of a finished task
+"""What ``tuner tune`` (one shape, or a sweep: ``tuner.app.sweep``) reports of a finished task
 (``--json``: ``summary_of``'s object), and its refusal of a timing method the CPU interpreter
 cannot time with: shared by the CLI's commands and the sweep, which import it, not each other."""
 

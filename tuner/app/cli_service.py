@@ -1,5 +1,5 @@
 """The ``tuner`` subcommands that talk to a running service over HTTP (``submit``, ``status``,
-``wait``, ``cancel``), through ``TunerClient``; argument parsing lives in ``tuner.cli``.
+``wait``, ``cancel``), through ``TunerClient``; argument parsing lives in ``tuner.app.cli``.
 
 The service is ``--url``, else ``TUNER_URL``, else ``tuner serve``'s default address; the API
 key is ``TUNER_API_KEY`` (as for ``TunerClient`` everywhere). Jobs are named by their id or a
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli_common import DEFAULT_URL, EXIT_BAD_INPUT, EXIT_NO_RESULT
+from tuner.app.cli_common import DEFAULT_URL, EXIT_BAD_INPUT, EXIT_NO_RESULT
 from tuner.errors import InvalidRequest, InvalidShape
 from tuner.lifecycle import TERMINAL
 from tuner.shapes import parse_shape, shape_label

@@ -1,4 +1,4 @@
-"""What each ``tuner`` subcommand does (argument parsing lives in ``tuner.cli``)."""
+"""What each ``tuner`` subcommand does (argument parsing lives in ``tuner.app.cli``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli_service import job_page, service_url
+from tuner.app.cli_service import job_page, service_url
+from tuner.app.tune_report import check_interpreter_timing, summary_of
 from tuner.dtypes import check_dtype, check_interpreter_dtype
 from tuner.errors import InvalidRequest, InvalidShape
 from tuner.kernel import TunableKernel
 from tuner.settings import Settings
 from tuner.shapes import parse_shape, shape_label, validate_shape
-from tuner.tune_report import check_interpreter_timing, summary_of
 
 if TYPE_CHECKING:  # imported where used, so that ``tuner --help`` stays quick
     from sqlalchemy.orm import Session
@@ -39,9 +39,9 @@ def _session_factory(settings: Settings) -> Any:
 
 
 def _read_errors(handler: Any) -> Any:
-    """A reading command's service errors as ``tuner.cli_service``'s commands report them
+    """A reading command's service errors as ``tuner.app.cli_service``'s commands report them
     (one line, exit 3 when unreachable, 2 when refused)."""
-    from tuner.cli_service import _service_errors
+    from tuner.app.cli_service import _service_errors
 
     return _service_errors(handler)
 
@@ -110,8 +110,8 @@ def check_interpreter_shape(kernel: TunableKernel, shape: dict[str, int], dtype:
 
 
 def _tune_sweep(args: argparse.Namespace) -> int:
-    """``tuner tune KERNEL --sweep DIM=...``: ``tuner.sweep`` (one job, one GPU child)."""
-    from tuner import sweep
+    """``tuner tune KERNEL --sweep DIM=...``: ``tuner.app.sweep`` (one job, one GPU child)."""
+    from tuner.app import sweep
 
     if args.replay:
         print("tuner: --sweep cannot be combined with --replay", file=sys.stderr)
@@ -132,7 +132,7 @@ def _tune_sweep(args: argparse.Namespace) -> int:
 
 def tune(args: argparse.Namespace) -> int:
     from db import repo
-    from tuner.worker import execute_task
+    from tuner.app.worker import execute_task
 
     if getattr(args, "sweep", None):
         return _tune_sweep(args)
@@ -273,7 +273,7 @@ def _read_url(args: argparse.Namespace) -> str | None:
         return str(args.url)
     if getattr(args, "db", None) or Settings().database_url:
         return None
-    from tuner.cli_service import _client_settings
+    from tuner.app.cli_service import _client_settings
     from tuner.settings import ClientSettings
 
     return str(_client_settings(ClientSettings).url or "") or None
@@ -303,7 +303,7 @@ def _stored_rows(args: argparse.Namespace) -> tuple[list[Any], bool]:
 
     url = _read_url(args)
     if url is not None:
-        from tuner.cli_service import REQUEST_TIMEOUT_S, _client_settings
+        from tuner.app.cli_service import REQUEST_TIMEOUT_S, _client_settings
         from tuner.client import TunerClient
         from tuner.settings import ClientSettings
 
@@ -396,8 +396,8 @@ def _kernel_dict(kernel: Any, builtin: bool) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> int:
-    from tuner.service import run_worker
-    from tuner.supervision import stop_with_serve
+    from tuner.app.service import run_worker
+    from tuner.app.supervision import stop_with_serve
 
     if args.parent_pid is not None:  # started by tuner serve: never outlive it
         stop_with_serve(args.parent_pid)
@@ -406,7 +406,7 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from tuner.service import serve as serve_service
+    from tuner.app.service import serve as serve_service
 
     return serve_service(_settings(args), host=args.host, port=args.port,
                          workers=args.workers, backend=args.backend,

@@ -1,5 +1,5 @@
 """The CLI's constants every command module shares (exit statuses, where ``tuner serve``
-listens): their own module, so that ``tuner.cli`` (the parser) and the command modules it
+listens): their own module, so that ``tuner.app.cli`` (the parser) and the command modules it
 loads (``cli_commands``, ``cli_service``) do not import each other."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 search started (``StoredBest``, ``stored_best``), whether the search's best replaces it from
 times taken side by side in one process (``decide_best``), and that whatever is written
 beats the kernel's default beyond the noise (``against_default``, ``_noise_margin``).
-``BestDecision`` is what to write and why; ``tuner.worker`` applies it."""
+``BestDecision`` is what to write and why; ``tuner.app.worker`` applies it."""
 
 from __future__ import annotations
 

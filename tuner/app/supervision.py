@@ -149,7 +149,7 @@ def check_address(host: str, port: int) -> None:
 
 
 def holder_text(port: int) -> str:
-    """`` by pid 123 (python -m tuner.cli serve ...)`` for the process listening on TCP
+    """`` by pid 123 (python -m tuner.app.cli serve ...)`` for the process listening on TCP
     ``port`` (the first of several sharing the socket: the one whose parent is not among
     them), or ``""`` where none can be seen (another user's, or no ``/proc``)."""
     pids = port_holders(port)

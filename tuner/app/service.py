@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.app.supervision import exit_reason, restart_delay, write_state
 from tuner.backends import resolve_backend_kind
 from tuner.device import DeviceFingerprint, count_gpus_without_init, interpreter_fingerprint
 from tuner.settings import Settings
-from tuner.supervision import exit_reason, restart_delay, write_state
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -143,8 +143,8 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     that process is gone (``serve`` passes its own pid so that no worker outlives it).
     ``workers_on_host``: GPU workers sharing this machine's cores (``serve`` passes its count):
     each compiles ahead on its share (``TUNER_COMPILE_WORKERS`` overrides it)."""
-    from tuner.dispatch import make_dispatcher
-    from tuner.worker import Worker
+    from tuner.app.dispatch import make_dispatcher
+    from tuner.app.worker import Worker
 
     kind = resolve_backend_kind(backend)
     factory = wait_for_database(settings)  # its lines alone on stderr until the database answers
@@ -332,7 +332,7 @@ class WorkerPool:
 
     def command(self, slot: _Slot) -> list[str]:
         """The command line of the worker of ``slot``."""
-        return [sys.executable, "-m", "tuner.cli", "worker", "--backend", self.kind,
+        return [sys.executable, "-m", "tuner.app.cli", "worker", "--backend", self.kind,
                 "--device-index", str(slot.device_index), "--parent-pid", str(os.getpid()),
                 "--workers-on-host", str(len(self.slots))]
 
@@ -343,7 +343,7 @@ class WorkerPool:
 
     def _watch(self) -> None:
         # this thread starts the restarted workers, whose parent-death signal fires when it
-        # ends (tuner.supervision): it must outlive any one failed restart
+        # ends (tuner.app.supervision): it must outlive any one failed restart
         while not self.stopping.wait(self.poll_s):
             for slot in self.slots:
                 try:
@@ -443,7 +443,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     (SIGINT/SIGTERM)."""
     import uvicorn
 
-    from tuner.supervision import SERVE_PID_ENV, STATE_ENV, check_address
+    from tuner.app.supervision import SERVE_PID_ENV, STATE_ENV, check_address
 
     check_address(host, port)  # a port in use: one line naming its holder, before any wait
     wait_for_database(settings)  # migrate once, before workers race to do it
@@ -480,12 +480,12 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
 
 
 def _state_file() -> Path:
-    """A new file of this ``serve``'s worker states (``tuner.supervision``), in the temporary
+    """A new file of this ``serve``'s worker states (``tuner.app.supervision``), in the temporary
     folder: the data folder may be read-only, or absent with PostgreSQL. Those a killed
     ``serve`` left behind (its pid gone) are removed."""
     import tempfile
 
-    from tuner.supervision import remove_stale_states
+    from tuner.app.supervision import remove_stale_states
 
     remove_stale_states(Path(tempfile.gettempdir()))
     fd, name = tempfile.mkstemp(prefix=f"tuner-serve-{os.getpid()}-", suffix=".json")

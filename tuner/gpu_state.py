@@ -46,7 +46,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only a type here: a model process reading the GPU's state needs no backend
+    from tuner.backends.base import TimingOptions
 
 #: the fields of ``extra["gpu"]``
 GPU_FIELDS = ("sm_mhz", "mem_mhz", "power_w", "temp_c", "throttle")
@@ -228,14 +231,15 @@ SETTLE_BATCH_S = 0.05
 
 
 def settle(load: Callable[[], None], sync: Callable[[], None], monitor: GpuMonitor,
-           timing: Any, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+           timing: TimingOptions, clock: Callable[[], float] = time.monotonic
+           ) -> dict[str, Any]:
     """Run ``load`` (one launch; ``sync`` waits for the GPU) until the SM clock stops falling
     (see the module docstring). Returns what was done: ``ms`` run, the first and last SM clock
     read (None without NVML) and ``why`` it stopped: ``flat``, ``max`` (``settle_max_ms``
     reached while still falling) or ``blind`` (no clock reading: ran ``settle_max_ms``)."""
-    max_s = float(getattr(timing, "settle_max_ms", 0.0) or 0.0) / 1e3
-    window_s = float(getattr(timing, "settle_window_ms", 1000.0)) / 1e3
-    drop = float(getattr(timing, "settle_drop_mhz", 15.0))
+    max_s = timing.settle_max_ms / 1e3
+    window_s = timing.settle_window_ms / 1e3
+    drop = timing.settle_drop_mhz
     start = clock()
     samples: list[tuple[float, float]] = []
     first = monitor.sm_mhz()
@@ -262,7 +266,8 @@ def settle(load: Callable[[], None], sync: Callable[[], None], monitor: GpuMonit
 COOL_POLL_S = 0.02
 
 
-def cool_down(monitor: GpuMonitor, timing: Any, clock: Callable[[], float] = time.monotonic,
+def cool_down(monitor: GpuMonitor, timing: TimingOptions,
+              clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """The ``cool`` protocol's wait before one timing: leave the GPU idle until its power
     reading is at most ``cool_power_frac`` of the enforced power limit (far from the cap, so
@@ -273,8 +278,8 @@ def cool_down(monitor: GpuMonitor, timing: Any, clock: Callable[[], float] = tim
     first = monitor.power_w()
     if limit is None or first is None:
         return {"ms": 0.0, "power_w_first": first, "power_w": first, "why": "blind"}
-    threshold = float(getattr(timing, "cool_power_frac", 0.5)) * limit
-    max_s = float(getattr(timing, "cool_max_ms", 3000.0)) / 1e3
+    threshold = timing.cool_power_frac * limit
+    max_s = timing.cool_max_ms / 1e3
     start = clock()
     power: float | None = first
     while power is not None and power > threshold:

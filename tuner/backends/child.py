@@ -36,6 +36,7 @@ from functools import partial
 from itertools import cycle
 from typing import Any
 
+from tuner.backends.base import TimingOptions
 from tuner.backends.compiler_output import captured_stdout, pass_on
 from tuner.config import KernelConfig
 from tuner.gpu_state import (
@@ -157,18 +158,19 @@ def _compare(state: ChildState, got: Any, ref: Any, label: str) -> str | float:
 
 
 def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],
-          timing: Any, best_ms: float | None = None) -> tuple[float, float, float, bool]:
+          timing: TimingOptions, best_ms: float | None = None
+          ) -> tuple[float, float, float, bool]:
     """p20/p50/p80 in ms, and whether only the quick timing was done (adaptive timing)."""
     return _time_fn(state, lambda: state.kernel.launch(config, inputs), timing, best_ms)
 
 
-def timing_method(timing: Any) -> str:
-    """The timing method ``timing`` asks for (``tuner/timing.py``; older options: the
+def timing_method(timing: TimingOptions) -> str:
+    """The timing method ``timing`` asks for (``tuner/timing.py``; an empty one: the
     default)."""
-    return str(getattr(timing, "method", None) or DEFAULT_TIMING)
+    return timing.method or DEFAULT_TIMING
 
 
-def _time_fn(state: ChildState, fn: Callable[[], Any], timing: Any,
+def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
              best_ms: float | None = None) -> tuple[float, float, float, bool]:
     """``_time`` of any callable (a config's launch, the kernel's baseline)."""
     method = timing_method(timing)
@@ -181,10 +183,10 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: Any,
         # run (tuner/gpu_timer.py), so that a config of several small launches is timed on the
         # GPU, not on the Python host. eager-hot: the same without the flush; cuda-graph:
         # launches captured in a CUDA graph, replayed (tuner/timing.py).
-        quick_rep = float(getattr(timing, "quick_rep_ms", 0.0) or 0.0)
+        quick_rep = timing.quick_rep_ms
         if quick_rep > 0 and best_ms is not None and quick_rep < timing.rep_ms:
             q = bench(method, fn, warmup=max(quick_rep / 5, 0.5), rep=quick_rep)
-            if float(q[1]) > getattr(timing, "quick_factor", 2.0) * best_ms:
+            if float(q[1]) > timing.quick_factor * best_ms:
                 return float(q[0]), float(q[1]), float(q[2]), True
         idle_s = time.monotonic() - state.last_busy if state.last_busy else None
         q = bench(method, fn, warmup=_full_warmup_ms(timing, idle_s), rep=timing.rep_ms)
@@ -210,46 +212,46 @@ def _compile(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) ->
         compile_fn(config, inputs)
 
 
-def settle_due(state: ChildState, timing: Any, now: float | None = None) -> bool:
+def settle_due(state: ChildState, timing: TimingOptions, now: float | None = None) -> bool:
     """Whether the GPU must be brought to its sustained state before the next timing: on a
     GPU, with settling on, before the task's first timing and after ``resettle_idle_s`` idle."""
     if state.kind != "cuda" or not _settles(timing):
         return False
-    idle_s = float(getattr(timing, "resettle_idle_s", 0.0) or 0.0)
+    idle_s = timing.resettle_idle_s
     now = time.monotonic() if now is None else now
     return not state.settled or (idle_s > 0 and now - state.last_busy > idle_s)
 
 
-def _settles(timing: Any) -> bool:
+def _settles(timing: TimingOptions) -> bool:
     """Whether ``timing`` asks for the long settle (the settled protocol with
     ``settle_max_ms`` > 0)."""
-    protocol = getattr(timing, "protocol", "settled")
-    return protocol == "settled" and float(getattr(timing, "settle_max_ms", 0.0) or 0.0) > 0
+    return timing.settles and timing.settle_max_ms > 0
 
 
-def _full_warmup_ms(timing: Any, idle_s: float | None = None) -> float:
+def _full_warmup_ms(timing: TimingOptions, idle_s: float | None = None) -> float:
     """do_bench's warm-up for a full timing: the settled protocol's sustained-state warm-up,
     unless the GPU finished a timing under ``settle_gap_s`` ago (``idle_s``): back-to-back
     timings (a re-timing's rounds) keep it at the sustained clock."""
-    warmup = float(getattr(timing, "warmup_ms", 10.0))
-    if getattr(timing, "protocol", "settled") != "settled":
+    warmup = timing.warmup_ms
+    if not timing.settles:
         return warmup
-    if idle_s is not None and idle_s < float(getattr(timing, "settle_gap_s", 0.0) or 0.0):
+    if idle_s is not None and idle_s < timing.settle_gap_s:
         return warmup
-    return max(warmup, float(getattr(timing, "settle_warmup_ms", 0.0) or 0.0))
+    return max(warmup, timing.settle_warmup_ms)
 
 
-def _cool(state: ChildState, timing: Any) -> dict[str, Any] | None:
+def _cool(state: ChildState, timing: TimingOptions) -> dict[str, Any] | None:
     """With the ``cool`` protocol on a GPU, idle until the power is far from the cap
     (``tuner/gpu_state.cool_down``); what was done, else None."""
-    if state.kind != "cuda" or getattr(timing, "protocol", "settled") != "cool":
+    if state.kind != "cuda" or timing.protocol != "cool":
         return None
     if state.monitor is None:
         state.monitor = monitor_for_torch_device(0)
     return cool_down(state.monitor, timing)
 
 
-def _settle(state: ChildState, load: Callable[[], Any], timing: Any) -> dict[str, Any]:
+def _settle(state: ChildState, load: Callable[[], Any],
+            timing: TimingOptions) -> dict[str, Any]:
     """Run ``load`` until the GPU's clock settles (tuner/gpu_state.py); what was done."""
     if state.monitor is None:
         state.monitor = monitor_for_torch_device(0)
@@ -276,7 +278,7 @@ def _timed_extra(state: ChildState, before: GpuSample | None,
     return extra
 
 
-def measure_one(state: ChildState, config: KernelConfig, timing: Any,
+def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
                 send: Any, best_ms: float | None = None) -> tuple[Measurement, bool]:
     """Compile, verify and time one config. Returns the measurement and whether it was sticky.
     The GPU is settled first when due (``settle_due``), with this config as the load."""
@@ -328,7 +330,7 @@ BASELINE_LABEL = "torch"
 
 
 def _baseline_fn(state: ChildState, inputs: dict[str, Any],
-                 timing: Any = None) -> Callable[[], Any] | None:
+                 timing: TimingOptions) -> Callable[[], Any] | None:
     """The kernel's ``baseline(inputs)`` hook as a callable, if it has one that runs here (it
     is tried once, and with ``cuda-graph`` timing captured once: a baseline that fails is left
     out rather than failing the re-timing)."""
@@ -350,7 +352,7 @@ def _baseline_fn(state: ChildState, inputs: dict[str, Any],
 
 
 def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
-           timing: Any, baseline: bool = False) -> list[Measurement]:
+           timing: TimingOptions, baseline: bool = False) -> list[Measurement]:
     """Interleave: every round times every config once (and then the kernel's baseline, with
     ``baseline``), so drift hits all of them alike. The GPU is settled first, with all of them
     in turn as the load. One measurement per config, in order, then the baseline's
@@ -436,7 +438,7 @@ def best_median(samples: dict[Any, list[float]]) -> tuple[float, float]:
 
 
 def calibrate(state: ChildState, runs: int = CALIBRATION_RUNS,
-              timing: Any = None) -> dict[str, float | None]:
+              timing: TimingOptions | None = None) -> dict[str, float | None]:
     """The device's copy bandwidth (GB/s, read + write) and matmul ceiling (TFLOP/s): each the
     median of ``runs`` runs with its spread ((max - min) / median), taken in the settled
     sustained state. The ceiling is the best median of torch.matmul (cuBLAS) over a few large
@@ -446,8 +448,6 @@ def calibrate(state: ChildState, runs: int = CALIBRATION_RUNS,
                 "matmul_tflops_spread": None, "runs": 0}
     import torch
     import triton.testing
-
-    from tuner.backends.base import TimingOptions
 
     runs = max(1, int(runs))
     gemms: dict[Any, Callable[[], Any]] = {}

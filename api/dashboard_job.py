@@ -46,27 +46,25 @@ def _csv_values(t: TrialRow, work: Work) -> list[Any]:
     return ["" if v is None else v for v in values]
 
 
-@dataclass(slots=True)
 class TrialRow:
-    """A trial as the job page shows it: its own timing (``p*_ms``), a finalist's re-timing
-    (``retimed_*``), its compile time and the GPU's state as it was timed."""
+    """A trial as the job page shows it: an attribute per field of a trial
+    (``db.repo.TRIAL_FIELDS``, as ``repo.trial_columns`` reads them) but its task's id: its
+    own timing (``p*_ms``), a finalist's re-timing (``retimed_*``), its compile time and the
+    GPU's state as it was timed."""
 
-    number: int
-    config: dict[str, int]
-    outcome: str
-    p20_ms: float | None
-    p50_ms: float | None
-    p80_ms: float | None
-    error: str | None
-    compile_s: float | None = None
-    retimed_p20_ms: float | None = None
-    retimed_p50_ms: float | None = None
-    retimed_p80_ms: float | None = None
-    sm_mhz: int | None = None
-    mem_mhz: int | None = None
-    power_w: float | None = None
-    temp_c: int | None = None
-    throttle: int | None = None
+    __slots__ = tuple(f.name for f in repo.TRIAL_FIELDS if f.name != "task_id")
+
+    def __init__(self, **columns: Any) -> None:
+        missing = [name for name in self.__slots__ if name not in columns]
+        unknown = [name for name in columns if name not in self.__slots__]
+        if missing or unknown:
+            raise TypeError(f"a trial row's columns: missing {missing}, unknown {unknown}")
+        for name, value in columns.items():
+            setattr(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for a name that is no field (the fields are slots)."""
+        raise AttributeError(f"a trial row has no field {name!r}")
 
     @property
     def ms(self) -> float | None:

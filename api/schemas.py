@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from db.repo.trials import GPU_STATE_FIELDS, TRIAL_FIELDS
+from tuner.gpu_state import throttle_reasons
 
 
 class Strict(BaseModel):
@@ -233,37 +236,60 @@ class JobsPublic(BaseModel):
     count: int
 
 
-class GpuStatePublic(BaseModel):
-    """The GPU's state sampled right after a trial's timing (NVML; a field None where the
-    driver does not report it). ``throttle``: NVML's clock throttle reasons bitmask,
-    ``throttle_reasons`` its names ([]: not throttled)."""
-
-    sm_mhz: int | None
-    mem_mhz: int | None
-    power_w: float | None
-    temp_c: int | None
-    throttle: int | None
-    throttle_reasons: list[str]
+def _gpu_state_model() -> type[BaseModel]:
+    """``GpuStatePublic``: the GPU fields of ``TRIAL_FIELDS`` and their reasons' names."""
+    fields: dict[str, Any] = {f.name: (f.type, ...) for f in TRIAL_FIELDS if f.source == "gpu"}
+    return create_model(
+        "GpuStatePublic", __module__=__name__, **fields, throttle_reasons=(list[str], ...),
+        __doc__=("The GPU's state sampled right after a trial's timing (NVML; a field None where "
+                 "the\ndriver does not report it). ``throttle``: NVML's clock throttle reasons "
+                 "bitmask,\n``throttle_reasons`` its names ([]: not throttled)."))
 
 
-class TrialPublic(BaseModel):
-    """One trial: ``p20_ms``/``p50_ms``/``p80_ms`` are its own timing; a finalist's re-timing
-    beside the other finalists at the end of the search is ``retimed_*`` (None for the other
-    trials); ``gpu``: the GPU's state as it was timed (None on the interpreter)."""
+def _trial_model(gpu_state: type[BaseModel]) -> type[BaseModel]:
+    """``TrialPublic``: the public fields of ``TRIAL_FIELDS`` in their order, the GPU's as one
+    ``gpu`` object where the first of them stands; the re-timing and the GPU state (added to
+    the API after the others) may be left out."""
+    fields: dict[str, Any] = {}
+    for f in TRIAL_FIELDS:
+        if f.source == "gpu":
+            fields.setdefault("gpu", (gpu_state | None, None))
+        elif f.public:
+            fields[f.name] = (f.type, None if f.source == "retimed" else ...)
+    return create_model(
+        "TrialPublic", __module__=__name__, **fields,
+        __doc__=("One trial: ``p20_ms``/``p50_ms``/``p80_ms`` are its own timing; a finalist's "
+                 "re-timing\nbeside the other finalists at the end of the search is "
+                 "``retimed_*`` (None for the other\ntrials); ``gpu``: the GPU's state as it "
+                 "was timed (None on the interpreter)."))
 
-    task_id: int
-    number: int
-    config: dict[str, int]
-    outcome: str
-    p20_ms: float | None
-    p50_ms: float | None
-    p80_ms: float | None
-    retimed_p20_ms: float | None = None
-    retimed_p50_ms: float | None = None
-    retimed_p80_ms: float | None = None
-    gpu: GpuStatePublic | None = None
-    error: str | None
-    compile_s: float | None
+
+# a trial's fields are declared once, in ``db.repo.trials.TRIAL_FIELDS``: these models are
+# made from them
+if TYPE_CHECKING:
+    class GpuStatePublic(BaseModel):
+        def __init__(self, **data: Any) -> None: ...
+
+    class TrialPublic(BaseModel):
+        def __init__(self, **data: Any) -> None: ...
+else:
+    GpuStatePublic = _gpu_state_model()
+    TrialPublic = _trial_model(GpuStatePublic)
+
+
+def gpu_state_public(trial: Any) -> GpuStatePublic | None:
+    """The GPU state of a trial (``Trial`` or any object with its columns); None where none
+    was recorded (the interpreter, or a trial measured before it was)."""
+    values = {name: getattr(trial, name) for name in GPU_STATE_FIELDS}
+    if all(v is None for v in values.values()):
+        return None
+    return GpuStatePublic(**values, throttle_reasons=throttle_reasons(values["throttle"]))
+
+
+def trial_public(trial: Any) -> TrialPublic:
+    """A stored trial (``Trial``) as the API shows it."""
+    return TrialPublic(**{name: getattr(trial, name) for name in TrialPublic.model_fields
+                          if name != "gpu"}, gpu=gpu_state_public(trial))
 
 
 class TrialsPublic(BaseModel):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tuner.config import KernelConfig
@@ -63,6 +64,14 @@ class Measurement:
         d["config"] = self.config.to_dict()
         d["outcome"] = self.outcome.value
         return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """The measurement of ``to_dict``'s dict (a stored trial's: ``repo.measurement_dict``);
+        a field it lacks takes its default."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        return cls(**{**values, "config": KernelConfig(data["config"]),
+                      "outcome": Outcome(data["outcome"])})
 
     @classmethod
     def failure(cls, config: KernelConfig, outcome: Outcome, error: str) -> Measurement:

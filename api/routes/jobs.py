@@ -13,7 +13,6 @@ from api.routes.kernels import registered_verification
 from api.schemas import (
     INT32_MAX,
     Basis,
-    GpuStatePublic,
     JobCreate,
     JobCreated,
     JobPublic,
@@ -22,8 +21,8 @@ from api.schemas import (
     Measured,
     TaskPublic,
     Timing,
-    TrialPublic,
     TrialsPublic,
+    trial_public,
 )
 from api.validation import (
     INTERPRETER_KEY,
@@ -37,10 +36,9 @@ from api.validation import (
     kernel_or_error,
 )
 from db import repo
-from db.models import BASES, MEASURED, Job, Task, Trial
+from db.models import BASES, MEASURED, Job, Task
 from db.transient import retry_within
 from tuner.errors import InvalidRequest
-from tuner.gpu_state import throttle_reasons
 from tuner.kernel import TunableKernel
 from tuner.settings import DatabaseBounds, Settings
 from tuner.timing import TIMING_METHODS
@@ -247,25 +245,6 @@ def cancel_committed(session: Session, job_id: str, bounds: DatabaseBounds) -> J
         return job
 
     return retry_within(cancel, bounds.frozen_holder_s)
-
-
-def gpu_state_public(t: Trial) -> GpuStatePublic | None:
-    """The GPU state of a trial; None where none was recorded (the interpreter, or a trial
-    measured before it was)."""
-    values = [t.sm_mhz, t.mem_mhz, t.power_w, t.temp_c, t.throttle]
-    if all(v is None for v in values):
-        return None
-    return GpuStatePublic(sm_mhz=t.sm_mhz, mem_mhz=t.mem_mhz, power_w=t.power_w,
-                          temp_c=t.temp_c, throttle=t.throttle,
-                          throttle_reasons=throttle_reasons(t.throttle))
-
-
-def trial_public(t: Trial) -> TrialPublic:
-    return TrialPublic(task_id=t.task_id, number=t.number, config=t.config, outcome=t.outcome,
-                       p20_ms=t.p20_ms, p50_ms=t.p50_ms, p80_ms=t.p80_ms,
-                       retimed_p20_ms=t.retimed_p20_ms, retimed_p50_ms=t.retimed_p50_ms,
-                       retimed_p80_ms=t.retimed_p80_ms, gpu=gpu_state_public(t),
-                       error=t.error, compile_s=t.compile_s)
 
 
 @router.get("/{job_id}/trials", response_model=TrialsPublic, dependencies=[ReadAccess],

@@ -163,9 +163,13 @@ from db.repo.tasks import (  # noqa: F401
 )
 from db.repo.trials import (  # noqa: F401
     GPU_STATE_FIELDS,
+    MEASURED_FIELDS,
+    TRIAL_FIELDS,
+    TrialField,
     _counted_outcome,
     gpu_state_columns,
     has_trial,
+    measurement_dict,
     record_trial,
     trials_for_task,
 )

@@ -10,14 +10,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.models import ACTIVE, BestConfig, Job, Trial
+from db.repo.trials import TRIAL_FIELDS
 
 # -- the dashboard's reads ----------------------------------------------------------------------
 
-#: the trial columns a job page shows, in ``trial_columns``' order (columns, not ORM objects:
-#: a job page may hold thousands of trials)
-TRIAL_COLUMNS = ("task_id", "number", "config", "outcome", "p20_ms", "p50_ms", "p80_ms", "error",
-                 "compile_s", "retimed_p20_ms", "retimed_p50_ms", "retimed_p80_ms", "sm_mhz",
-                 "mem_mhz", "power_w", "temp_c", "throttle")
+#: the trial columns a job page reads (``TRIAL_FIELDS``), in ``trial_columns``' order
+#: (columns, not ORM objects: a job page may hold thousands of trials)
+TRIAL_COLUMNS = tuple(f.name for f in TRIAL_FIELDS)
 
 
 def trial_columns(session: Session, task_ids: Sequence[int]) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, get_args
 
 from sqlalchemy import JSON, ColumnElement, Text, case, func, literal, or_, select, update
 from sqlalchemy import cast as sql_cast
@@ -16,6 +17,64 @@ from db.models import Task, Trial
 from db.repo._common import LeaseLost, NotFound, _changed_row, _is_postgres
 from db.repo.tasks import _owned
 from tuner.config import config_key
+
+# -- a trial's fields ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TrialField:
+    """One field of a stored trial (a column of ``Trial`` of the same name)."""
+
+    name: str
+    #: its value's type as read back (the API's trial and the job page's row declare it so)
+    type: Any
+    #: where its value comes from: ``task`` (the task and the trial's number), ``measured``
+    #: (the measurement's dict, ``Measurement.to_dict``, under the same name), ``retimed``
+    #: (the finalists' side-by-side re-timing, ``record_retimed``) or ``gpu`` (the GPU's state
+    #: the measurement carries in ``extra["gpu"]``)
+    source: str
+    #: whether the API's trial (``TrialPublic``) shows it; the GPU's fields as its ``gpu``
+    public: bool = True
+
+
+#: A trial's fields, in the order the API's trial lists them (the GPU's fields where its
+#: ``gpu`` object stands): the one list that the store (``record_trial``, ``trial_columns``),
+#: the worker's resumed measurements (``measurement_dict``), the API's trial
+#: (``api.schemas.TrialPublic``) and the job page's rows (``api.dashboard_job.TrialRow``) are
+#: made from. A new field is a ``Trial`` column and a line here.
+TRIAL_FIELDS: tuple[TrialField, ...] = (
+    TrialField("task_id", int, "task"),
+    TrialField("number", int, "task"),
+    TrialField("config", dict[str, int], "measured"),
+    TrialField("outcome", str, "measured"),
+    TrialField("p20_ms", float | None, "measured"),
+    TrialField("p50_ms", float | None, "measured"),
+    TrialField("p80_ms", float | None, "measured"),
+    TrialField("retimed_p20_ms", float | None, "retimed"),
+    TrialField("retimed_p50_ms", float | None, "retimed"),
+    TrialField("retimed_p80_ms", float | None, "retimed"),
+    TrialField("sm_mhz", int | None, "gpu"),
+    TrialField("mem_mhz", int | None, "gpu"),
+    TrialField("power_w", float | None, "gpu"),
+    TrialField("temp_c", int | None, "gpu"),
+    #: NVML's clock throttle reasons bitmask (0: not throttled)
+    TrialField("throttle", int | None, "gpu"),
+    TrialField("error", str | None, "measured"),
+    TrialField("compile_s", float | None, "measured"),
+    #: max abs error against the reference (verified runs only)
+    TrialField("max_error", float | None, "measured", public=False),
+)
+#: the fields a measurement gives (``Measurement.to_dict``'s keys but ``extra``)
+MEASURED_FIELDS = tuple(f.name for f in TRIAL_FIELDS if f.source == "measured")
+#: the GPU state a measurement carries (``extra["gpu"]``) -> the trial's column and its type
+GPU_STATE_FIELDS: dict[str, type] = {f.name: get_args(f.type)[0] for f in TRIAL_FIELDS
+                                     if f.source == "gpu"}
+
+
+def measurement_dict(trial: Trial) -> dict[str, Any]:
+    """A stored trial as the measurement it recorded (``Measurement.from_dict`` takes it):
+    its ``MEASURED_FIELDS``."""
+    return {name: getattr(trial, name) for name in MEASURED_FIELDS}
+
 
 # -- trials -----------------------------------------------------------------------------------
 
@@ -43,20 +102,13 @@ def record_trial(session: Session, task_id: int, number: int,
             raise LeaseLost(f"task {task_id} is no longer leased to worker {worker_id}: "
                             f"trial {number} not stored")
         raise NotFound(f"no task {task_id}")
-    trial = Trial(task_id=task_id, number=number, config=config, config_key=config_key(config),
-                  outcome=outcome, p20_ms=measurement.get("p20_ms"), p50_ms=p50_ms,
-                  p80_ms=measurement.get("p80_ms"), error=measurement.get("error"),
-                  compile_s=measurement.get("compile_s"),
-                  max_error=measurement.get("max_error"),
+    measured = {name: measurement.get(name) for name in MEASURED_FIELDS}
+    trial = Trial(task_id=task_id, number=number, config_key=config_key(config),
+                  **{**measured, "config": config, "outcome": outcome},
                   **gpu_state_columns((measurement.get("extra") or {}).get("gpu")))
     session.add(trial)
     session.flush()
     return trial
-
-
-#: the GPU state a measurement carries (``extra["gpu"]``) -> the trial's column and its type
-GPU_STATE_FIELDS: dict[str, type] = {"sm_mhz": int, "mem_mhz": int, "power_w": float,
-                                     "temp_c": int, "throttle": int}
 
 
 def gpu_state_columns(gpu: Any) -> dict[str, Any]:

@@ -200,6 +200,15 @@ class TaskPublic(BaseModel):
     error: str | None
     timing: Timing | None = Field(None, description="how its trials were timed (its job's "
                                   "method; a replay table's own); None until it runs")
+    stop_reason: str | None = Field(None, description="why its search stopped (budget, time, "
+                                    "converged, no expected gain, near roofline, space "
+                                    "exhausted, ...); None before it finished")
+    phases: dict[str, float] | None = Field(
+        None, description="where its wall time went, seconds by phase: queued (submission to "
+        "claim), setup, compile_wait (the GPU waiting for the compile pool), compile_child, "
+        "measuring, retiming, storing, search (the strategy), total (claim to finish); and "
+        "beside them compile_ahead_cpu (the pool's compile seconds), compiled_ahead and "
+        "reused_compiles (configs); None before it finished")
 
 
 class JobPublic(BaseModel):

@@ -210,6 +210,10 @@ class Task(Base):
     #: why its search stopped (``tuner.search``: budget, time, converged, no expected gain,
     #: near roofline, space exhausted, ...); None before it finished or where not recorded
     stop_reason: Mapped[str | None] = mapped_column(String(40))
+    #: where the task's wall time went, seconds by phase (``tuner.phases``: queued, setup,
+    #: compile_wait, compile_child, measuring, retiming, storing, search, total) and the
+    #: compile pool's work beside it; None before it finished or where not recorded
+    phases: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

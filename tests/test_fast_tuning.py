@@ -460,6 +460,77 @@ def test_a_kept_backend_is_dropped_after_a_failed_task_and_when_idle():
     assert keeper.backend is None and not second._child.process.is_alive()
 
 
+def test_a_worker_keeps_its_child_and_compile_pool_across_tasks_and_times_their_phases(
+        tmp_path):
+    """Issue 33: one GPU child and one compile pool (the same process ids) serve two tasks of
+    different kernels; each task stores where its time went (``tuner.phases``)."""
+    from tuner.app.worker import Worker
+    from tuner.phases import PHASES
+
+    factory = init_db(f"sqlite:///{tmp_path / 'keep_pool.db'}")
+    jobs = [_queue_job(factory, "vector_add", "float32", {"N": 1000}),
+            _queue_job(factory, "softmax", "float32", {"M": 3, "N": 10})]
+    worker = Worker(factory, backend_kind="interpret", device_key="interpret:cpu",
+                    compile_workers=1, keep_seconds=60.0)
+    try:
+        first = worker.run_once()
+        backend = worker.keeper.backend if worker.keeper is not None else None
+        assert backend is not None and backend._pool is not None
+        child, pool = list(backend.child_pids), list(backend._pool.pids)
+        second = worker.run_once()
+        assert worker.keeper is not None and worker.keeper.backend is backend
+        assert backend.child_pids == child and backend._pool.pids == pool  # outlived the task
+        assert backend._child.process.is_alive()
+        assert all(slot.process.is_alive() for slot in backend._pool._slots)
+    finally:
+        worker.close()
+    assert [o.status for o in (first, second) if o is not None] == ["succeeded", "succeeded"]
+    with factory() as session:
+        tasks = [repo.get_job(session, j).tasks[0] for j in jobs]
+        phases = [dict(t.phases or {}) for t in tasks]
+    for p in phases:
+        assert {"setup", "measuring", "storing", "search", "total", "queued"} <= set(p)
+        assert set(p) <= set(PHASES) | {"compile_ahead_cpu", "compiled_ahead",
+                                        "reused_compiles"}
+        inside = sum(v for k, v in p.items() if k in PHASES and k not in ("queued", "total"))
+        assert 0 < inside <= p["total"] + 0.01  # the phases do not overlap
+    assert phases[0]["compiled_ahead"] >= 1  # the pool compiled the first task's configs
+
+
+def test_a_sweeps_later_shapes_compile_fewer_configs_than_its_first(tmp_path):
+    """Issue 33: shapes of one specialisation (vector_add's N = 1024, 2048, 3072: the same
+    ``compile_shape``) share their compiles: the pool compiles a config once for the sweep,
+    and a later shape's configs compiled before are taken as they are (``reused_compiles``)."""
+    from tuner.app.sweep import run_sweep
+
+    factory = init_db(f"sqlite:///{tmp_path / 'sweep_reuse.db'}")
+    kernel = get_kernel("vector_add")
+    shapes = [{"N": n} for n in (1024, 2048, 3072)]
+    assert len({str(kernel.compile_shape(s, "float32")) for s in shapes}) == 1
+    result = run_sweep(factory, kernel, shapes, "float32", backend_kind="interpret", trials=4,
+                       compile_workers=1, strategy="random")
+    assert [o.status for _s, o, _w in result.outcomes] == ["succeeded"] * 3
+    assert result.backends_opened == 1
+    with factory() as session:
+        phases = [dict(t.phases or {}) for t in repo.get_job(session, result.job_id).tasks]
+    compiled = [int(p.get("compiled_ahead", 0)) for p in phases]
+    reused = [int(p.get("reused_compiles", 0)) for p in phases]
+    assert compiled[0] >= 4 and reused[0] == 0
+    assert all(c < compiled[0] for c in compiled[1:]), compiled
+    assert all(r >= 1 for r in reused[1:]), reused
+
+
+def test_shapes_of_other_specialisations_share_no_compiles():
+    from tuner.backends.process import specialisation_key
+
+    ref = get_kernel("matmul").ref
+    same = [specialisation_key(ref, {"M": m, "N": 4096, "K": 4096}, "float16")
+            for m in (512, 1024, 4096)]
+    assert len(set(same)) == 1  # M keeps its residue mod 256: one binary per config
+    assert specialisation_key(ref, {"M": 100, "N": 4096, "K": 4096}, "float16") != same[0]
+    assert specialisation_key(ref, {"M": 512, "N": 4096, "K": 4096}, "bfloat16") != same[0]
+
+
 # -- bench/tuning_time.py's table ----------------------------------------------------------------
 
 def test_tuning_time_rows_and_markdown():

@@ -77,7 +77,8 @@ def task_public(t: Task, budget_trials: int) -> TaskPublic:
                       outcome_counts=t.outcome_counts or {}, device=t.device_key,
                       attempts=t.attempts, error=t.error,
                       timing=cast(Timing | None, t.timing if t.timing in TIMING_METHODS
-                                  else None))
+                                  else None),
+                      stop_reason=t.stop_reason, phases=t.phases)
 
 
 def job_public(job: Job, waiting: str | None = None) -> JobPublic:

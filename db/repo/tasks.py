@@ -242,9 +242,11 @@ FINISH_STATUSES = (*TERMINAL, "lost")
 
 
 def finish_task(session: Session, task_id: int, status: str, error: str | None = None,
-                *, worker_id: str | None = None, stop_reason: str | None = None) -> Task:
+                *, worker_id: str | None = None, stop_reason: str | None = None,
+                phases: Mapping[str, float] | None = None) -> Task:
     """Finish a queued or running task as ``status`` (succeeded, failed or cancelled) with
-    ``error`` and why its search stopped (``stop_reason``, kept to 40 characters), and settle
+    ``error``, why its search stopped (``stop_reason``, kept to 40 characters) and where its
+    time went (``phases``: ``tuner.phases``, seconds by phase), and settle
     its job once every task is finished. A task that is already finished (e.g. cancelled while
     it ran) keeps its status. With ``worker_id``, only that lease owner may finish it.
     ``status="lost"`` changes nothing (the lease went to another worker)."""
@@ -258,7 +260,8 @@ def finish_task(session: Session, task_id: int, status: str, error: str | None =
         guard = guard.where(Task.lease_owner == worker_id)
     if _changed(session, guard.values(status=status, error=error, finished_at=utcnow(),
                                       lease_owner=None, lease_expires_at=None,
-                                      stop_reason=stop_reason[:40] if stop_reason else None)):
+                                      stop_reason=stop_reason[:40] if stop_reason else None,
+                                      phases=dict(phases) if phases else None)):
         if status == "failed":  # given up for good: what it verified is not thrown away
             keep_best_of_given_up(session, task_id)
         _settle_job(session, task.job_id)

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,12 +33,14 @@ from tuner.app.best_decision import (  # noqa: F401 (also re-exported for the ol
 )
 from tuner.backends import TimingOptions, open_backend
 from tuner.backends.base import use_timing
+from tuner.backends.process import ProcessBackend
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.interpreter_estimate import interpreter_time_budget_s
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
+from tuner.phases import PhaseClock
 from tuner.roofline import roofline
 from tuner.search import (
     DEFAULT_STOP_MIN_TRIALS,
@@ -171,7 +173,8 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
                  worker_id: str | None = None,
                  compile_workers: int | None = None,
                  backend: Any = None,
-                 keeper: BackendKeeper | None = None) -> TaskOutcome:
+                 keeper: BackendKeeper | None = None,
+                 settings: Settings | None = None) -> TaskOutcome:
     """Run one task to its end and persist everything. ``backend``: one already open for this
     kernel and dtype (a sweep's shapes share one GPU child and compile pool, ``tuner.app.sweep``):
     moved to the task's shape (``retarget``) and left open; ``keeper``: a worker's backend
@@ -182,9 +185,12 @@ def execute_task(factory: SessionFactory, task_id: int, *, backend_kind: str,
     while the task is still that worker's: once it is not (reaped and re-queued, claimed by
     another worker, cancelled), the search stops and the task ends ``lost``, writing nothing.
     Every database access is retried while it fails transiently (``TUNER_DB_RETRY_SECONDS``);
-    past that the task is re-queued (``requeued``), never failed: its trials are sound."""
-    settings = Settings()
-    run = _Run(factory, task_id, worker_id, backoff_delays(settings.db_retry_seconds))
+    past that the task is re-queued (``requeued``), never failed: its trials are sound.
+    ``settings``: the caller's (a worker reads its environment once); None: read here.
+    Where the task's time goes (``tuner.phases``) is stored with it when it finishes."""
+    settings = settings if settings is not None else Settings()
+    run = _Run(factory, task_id, worker_id, backoff_delays(settings.db_retry_seconds),
+               clock=PhaseClock(), started=time.perf_counter())
     try:
         return _execute(run, backend_kind, replay_table, device_index, timing, on_trial,
                         heartbeat, compile_workers, backend, keeper, settings)
@@ -198,8 +204,9 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
              heartbeat: Callable[[], bool] | None, compile_workers: int | None,
              backend: Any, keeper: BackendKeeper | None, settings: Settings) -> TaskOutcome:
     task_id = run.task_id
-    job_id, kernel, shape, dtype, resume, options_base, wanted = run.store(
-        "reading the task", lambda: _read_task(run, settings))
+    with run.clock.timed("setup"):
+        job_id, kernel, shape, dtype, resume, options_base, wanted = run.store(
+            "reading the task", lambda: _read_task(run, settings))
     if options_base["time_budget_s"] is None and backend_kind == "interpret":
         options_base["time_budget_s"] = interpreter_time_budget_s(
             kernel, shape, dtype, options_base["trials"])
@@ -208,19 +215,22 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
     seed = job_seed(options_base)
     clean = False  # the kept backend ended the task in a known state
     try:
-        if shared and hasattr(backend, "targets") and not backend.targets(
-                kernel.ref, shape, dtype, seed):
-            backend.retarget(shape, kernel_ref=kernel.ref, dtype=dtype, seed=seed)
-        elif kept:
-            assert keeper is not None
-            backend = keeper.acquire(backend_kind, kernel, shape, dtype, seed,
-                                     device_index=device_index, timing=timing,
-                                     compile_workers=compile_workers)
-        elif not shared:
-            backend = open_backend(backend_kind, kernel, shape, dtype,
-                                   seed=seed, replay_table=replay_table,
-                                   device_index=device_index, timing=timing,
-                                   compile_workers=compile_workers)
+        with run.clock.timed("setup"):
+            if shared and hasattr(backend, "targets") and not backend.targets(
+                    kernel.ref, shape, dtype, seed):
+                backend.retarget(shape, kernel_ref=kernel.ref, dtype=dtype, seed=seed)
+            elif kept:
+                assert keeper is not None
+                backend = keeper.acquire(backend_kind, kernel, shape, dtype, seed,
+                                         device_index=device_index, timing=timing,
+                                         compile_workers=compile_workers)
+            elif not shared:
+                backend = open_backend(backend_kind, kernel, shape, dtype,
+                                       seed=seed, replay_table=replay_table,
+                                       device_index=device_index, timing=timing,
+                                       compile_workers=compile_workers)
+        if isinstance(backend, ProcessBackend):
+            backend.clock = run.clock
         try:
             # the method the backend times with: the job's (a replay table: its own)
             run = replace(run, timing=use_timing(backend, wanted))
@@ -229,6 +239,8 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
             clean = True
             return outcome
         finally:
+            if isinstance(backend, ProcessBackend):
+                backend.clock = None
             if kept:
                 assert keeper is not None
                 keeper.release(clean)
@@ -268,6 +280,8 @@ def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[
                             stop_chance=settings.stop_chance or None)
         job_id, kernel_name, shape, dtype = job.id, job.kernel, dict(task.shape), job.dtype
         timing = job.timing
+        if task.started_at is not None and job.created_at is not None:
+            run.clock.add("queued", max(0.0, (task.started_at - job.created_at).total_seconds()))
     return job_id, get_kernel(kernel_name), shape, dtype, resume, options_base, timing
 
 
@@ -286,11 +300,19 @@ class _Run:
     worker_id: str | None
     delays: tuple[float, ...] = ()
     timing: str = DEFAULT_TIMING
+    #: where the task's time goes (``tuner.phases``), and when it started (perf_counter)
+    clock: PhaseClock = field(default_factory=PhaseClock)
+    started: float = 0.0
 
     def store(self, doing: str, work: Callable[[], T]) -> T:
         """``work()`` (which opens its own session), retried while the database fails
         transiently; ``StoreUnavailable`` once the retry window is spent."""
-        return retry_transient(doing, work, self.delays)
+        with self.clock.timed("storing"):
+            return retry_transient(doing, work, self.delays)
+
+    def phases(self) -> dict[str, float]:
+        """The phases so far, with ``total``: from the claim to now."""
+        return {**self.clock.to_dict(), "total": round(time.perf_counter() - self.started, 3)}
 
 
 def _setup(run: _Run, kernel: TunableKernel, fp: Any, dtype: str, shape: dict[str, int],
@@ -343,8 +365,9 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                       heartbeat: Callable[[], bool] | None) -> TaskOutcome:
     fp = backend.fingerprint
     space = backend.restrict(kernel.space())
-    warm, roof, stored = run.store(
-        "registering the device", lambda: _setup(run, kernel, fp, dtype, shape, space))
+    with run.clock.timed("setup"):
+        warm, roof, stored = run.store(
+            "registering the device", lambda: _setup(run, kernel, fp, dtype, shape, space))
     stop = _StopCheck(run, job_id, heartbeat)
     incumbent = stored.config if stored is not None and space.contains(stored.config) else None
     # a compute-bound problem's ceiling is the vendor GEMM's measured speed, which a tuned
@@ -365,8 +388,9 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
         backend.interrupt = _with_deadline(stop, options.time_budget_s)
     stop.start()
     try:
-        result = run_search(kernel, shape, dtype, backend, options,
-                            on_trial=_trial_recorder(run, on_trial), should_stop=stop)
+        with run.clock.timed("search"):
+            result = run_search(kernel, shape, dtype, backend, options,
+                                on_trial=_trial_recorder(run, on_trial), should_stop=stop)
     except WorkerDied as exc:
         return _finish(run, "failed", None, fp.key, False, str(exc))
     finally:
@@ -480,7 +504,8 @@ def _finish(run: _Run, status: str, result: SearchResult | None, device_key: str
         with run.factory() as session:
             repo.finish_task(session, run.task_id, status, error=error,
                              worker_id=run.worker_id,
-                             stop_reason=result.stop_reason if result else None)
+                             stop_reason=result.stop_reason if result else None,
+                             phases=run.phases())
             session.commit()
 
     run.store(f"finishing task {run.task_id} as {status}", write)
@@ -606,8 +631,11 @@ class Worker:
     def __init__(self, factory: SessionFactory, *, backend_kind: str, device_key: str,
                  device_index: int = 0, lease_seconds: float = 60.0, poll_seconds: float = 1.0,
                  timing: TimingOptions | None = None, name: str | None = None,
-                 compile_workers: int | None = None, keep_seconds: float = 0.0) -> None:
+                 compile_workers: int | None = None, keep_seconds: float = 0.0,
+                 settings: Settings | None = None) -> None:
         self.factory, self.backend_kind, self.device_key = factory, backend_kind, device_key
+        #: read once: every task of this worker runs under the same settings
+        self.settings = settings if settings is not None else Settings()
         #: the measuring child kept across tasks (``keep_seconds`` > 0; not for replay)
         self.keeper = (BackendKeeper(keep_seconds)
                        if keep_seconds > 0 and backend_kind != "replay" else None)
@@ -645,7 +673,8 @@ class Worker:
             outcome = execute_task(self.factory, task_id, backend_kind=self.backend_kind,
                                    device_index=self.device_index, timing=self.timing,
                                    heartbeat=alive, worker_id=self.id,
-                                   compile_workers=self.compile_workers, keeper=self.keeper)
+                                   compile_workers=self.compile_workers, keeper=self.keeper,
+                                   settings=self.settings)
         except BaseException:  # exiting at once (a second signal): give the task back now
             self._release(task_id)
             raise

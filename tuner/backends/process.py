@@ -27,7 +27,9 @@ from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.errors import InvalidRequest, MeasuringStopped, WorkerDied
+from tuner.kernel import compile_shape_for, load_ref
 from tuner.measurement import Measurement, Outcome
+from tuner.phases import PhaseClock
 from tuner.space import SearchSpace
 from tuner.timing import check_timing, interpreter_refusal
 
@@ -126,6 +128,24 @@ class ChildProcess:
 DECISIVE_COMPILE_FAILURES = (Outcome.COMPILE_ERROR, Outcome.OUT_OF_RESOURCES, Outcome.TIMEOUT)
 
 
+def specialisation_key(kernel_ref: str, shape: dict[str, int], dtype: str
+                       ) -> tuple[str, str, tuple[tuple[str, int], ...]]:
+    """What decides the binaries a problem's configs compile to: the kernel, the dtype and
+    the kernel's ``compile_shape`` (a small problem that specialises like this one: the same
+    constexprs, divisibilities and alignments; ``tuner.kernel.compile_shape_for``). Two problems
+    with the same key compile every config to the same binary, so a config compiled for one
+    is in Triton's cache for the other (a sweep's token counts 256 and up, for moe_gemm). A
+    kernel without a ``compile_shape`` (or one that fails to load here) is keyed by its shape
+    itself: nothing is shared."""
+    try:
+        small = compile_shape_for(load_ref(kernel_ref), shape, dtype)
+    except Exception:  # noqa: BLE001 - only a missed saving: the problem itself is the key
+        small = None
+    if small is None or hasattr(load_ref(kernel_ref), "compile_inputs"):
+        small = {"<shape>": 0, **shape}  # stand-ins of a user's kernel: nothing shared
+    return kernel_ref, dtype, tuple(sorted(small.items()))
+
+
 def _decisive(failure: Measurement | None) -> bool:
     return failure is not None and failure.outcome in DECISIVE_COMPILE_FAILURES
 
@@ -152,6 +172,14 @@ class ProcessBackend:
         self.best_ms: float | None = None
         #: pids of every GPU child started (restarts included)
         self.child_pids: list[int] = []
+        #: where the time goes (``tuner.phases``): a worker hands each task's clock here
+        self.clock: PhaseClock | None = None
+        #: compiles the pool finished, per specialisation (``specialisation_key``), for as
+        #: long as the backend lives: a later problem of the same specialisation (a sweep's
+        #: next shape, a worker's next task) takes them instead of compiling again
+        self._compiled_for: dict[Any, dict[KernelConfig, Compiled]] = {}
+        self._known = self._compiled_for.setdefault(
+            specialisation_key(kernel_ref, shape, dtype), {})
         #: compiles finished ahead of their batch (``prefetch``), and those still queued
         self._compiled: dict[KernelConfig, Compiled] = {}
         self._ahead: set[KernelConfig] = set()
@@ -281,6 +309,8 @@ class ProcessBackend:
         self._compiled.clear()
         self._ahead.clear()
         self._pending = []
+        self._known = self._compiled_for.setdefault(
+            specialisation_key(self.kernel_ref, self.shape, self.dtype), {})
         if self._pool is not None:
             self._pool.retarget(self.shape, self.dtype, self.kernel_ref)
         try:
@@ -304,7 +334,8 @@ class ProcessBackend:
 
     def _submit_ahead(self) -> None:
         assert self._pool is not None
-        fresh = [c for c in self._pending if c not in self._compiled and c not in self._ahead]
+        fresh = [c for c in self._pending if c not in self._compiled and c not in self._ahead
+                 and c not in self._known]
         self._pending = []
         self._ahead.update(fresh)
         self._pool.submit(fresh)
@@ -313,6 +344,25 @@ class ProcessBackend:
         """A compile no batch waits for (compiled ahead, or left from an abandoned batch)."""
         self._ahead.discard(compiled.config)
         self._compiled[compiled.config] = compiled
+        self._remember(compiled)
+
+    def _remember(self, compiled: Compiled) -> None:
+        """A compile the pool finished for this problem: counted (``compile_ahead_cpu``,
+        ``compiled_ahead``), and kept for later problems of its specialisation when it settles
+        the config (in the cache, or refused by the compiler; not a crash of the pool)."""
+        if self.clock is not None:
+            self.clock.add("compile_ahead_cpu", compiled.seconds)
+            self.clock.add("compiled_ahead", 1)
+        if compiled.failure is None or _decisive(compiled.failure):
+            self._known[compiled.config] = compiled
+
+    def _take_known(self, config: KernelConfig) -> Compiled | None:
+        """The compile an earlier problem of this specialisation finished for ``config``,
+        counted as ``reused_compiles``; None if there is none."""
+        compiled = self._known.get(config)
+        if compiled is not None and self.clock is not None:
+            self.clock.add("reused_compiles", 1)
+        return compiled
 
     def measure(self, configs: Sequence[KernelConfig],
                 on_result: MeasuredCallback | None = None) -> list[Measurement]:
@@ -338,10 +388,14 @@ class ProcessBackend:
             self._stash(compiled)
         wanted = set(unique)
         ready: deque[Compiled] = deque()
-        for config in unique:  # compiled ahead: timed first
-            if config not in self._compiled:
-                continue
-            compiled = self._compiled.pop(config)
+        for config in unique:  # compiled ahead (or for an earlier problem): timed first
+            if config in self._compiled:
+                compiled = self._compiled.pop(config)
+            else:
+                known = self._take_known(config)
+                if known is None:
+                    continue
+                compiled = replace(known, seconds=0.0)
             if _decisive(compiled.failure):
                 wanted.discard(config)
                 done(compiled.failure)  # type: ignore[arg-type]
@@ -353,12 +407,17 @@ class ProcessBackend:
         while len(results) < len(unique):
             if not ready and self.interrupt is not None and self.interrupt():
                 raise self._stop_in_flight("waiting for compiles")
-            for compiled in self._pool.poll(0.0 if ready else 0.5):
+            waited = time.perf_counter()
+            finished = self._pool.poll(0.0 if ready else 0.5)
+            if not ready and self.clock is not None:  # the GPU child idle, waiting
+                self.clock.add("compile_wait", time.perf_counter() - waited)
+            for compiled in finished:
                 self._ahead.discard(compiled.config)
                 if compiled.config not in wanted or compiled.config in results or any(
                         r.config == compiled.config for r in ready):
                     self._stash(compiled)  # compiled ahead, or left from an abandoned batch
                     continue
+                self._remember(compiled)
                 if _decisive(compiled.failure):
                     wanted.discard(compiled.config)
                     done(compiled.failure)  # type: ignore[arg-type]
@@ -373,11 +432,15 @@ class ProcessBackend:
 
     def _measure_one(self, config: KernelConfig) -> Measurement:
         phase, compile_s = "compile", None
+        t0 = time.perf_counter()
         try:
             self._child.send(("measure", config, self.timing, self.best_ms))
             reply = self._child.receive(self.timing.compile_timeout_s, self.interrupt)
             if reply[0] == "compiled":
                 phase, compile_s = "run", reply[1]
+                t1 = time.perf_counter()
+                self._clock_add("compile_child", t1 - t0)
+                t0 = t1
                 reply = self._child.receive(self.timing.run_timeout_s + self._settle_s,
                                             self.interrupt)
         except _Interrupted:
@@ -391,6 +454,9 @@ class ProcessBackend:
             self.consecutive_deaths += 1
             self._restart(f"{config.key()} killed the child: {exc}")
             return Measurement(config, Outcome.CRASH, error=str(exc), compile_s=compile_s)
+        finally:
+            self._clock_add("measuring" if phase == "run" else "compile_child",
+                            time.perf_counter() - t0)
         if reply[0] == "error":  # the child's own machinery failed; be safe: fresh child
             self.consecutive_deaths += 1
             self._restart(f"{config.key()}: {reply[1]}")
@@ -415,6 +481,7 @@ class ProcessBackend:
             return []
         entries = len(configs) + (1 if baseline else 0)
         limit = self.timing.run_timeout_s * entries * max(1, rounds) / 4
+        t0 = time.perf_counter()
         try:
             self._child.send(("retime", list(configs), rounds, self.timing, baseline))
             reply = self._child.receive(max(limit, self.timing.run_timeout_s) + self._settle_s,
@@ -423,6 +490,8 @@ class ProcessBackend:
             raise self._stop_in_flight("re-timing the finalists") from None
         except (_Timeout, _Died) as exc:
             reply = ("error", str(exc))
+        finally:
+            self._clock_add("retiming", time.perf_counter() - t0)
         if reply[0] != "results":
             log.warning("re-timing the finalists failed: %s", reply[1])
             self._restart(f"re-timing failed: {reply[1]}")
@@ -446,6 +515,10 @@ class ProcessBackend:
                 self._restart(f"calibration failed: {reply[1]}")
             return {}
         return dict(reply[1])
+
+    def _clock_add(self, phase: str, seconds: float) -> None:
+        if self.clock is not None:
+            self.clock.add(phase, seconds)
 
     def close(self) -> None:
         try:

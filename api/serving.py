@@ -3,13 +3,14 @@ lookup (``GET /configs``, each item of ``POST /configs/query``) costs no databas
 
 Candidates (``repo.serving_candidates``: the bests of one kernel, kernel version and dtype, on
 every device, with their log2 shapes) are loaded per (kernel, kernel version, dtype) on first
-use and kept, split by timing method (``tuner/timing.py``) into the pools the ladder ranks (a
-device's rows of one Triton minor, a device's rows, other real GPUs' rows), each with a dict by
-shape key and a matrix of log2 shapes. Answers come from ``repo.serve_best`` over the few rows
-it can choose for the caller (the exact shape's, else the nearest shape's, of the first pool
-with any row), which is exactly what it returns over all of them (see ``Ladder.serve``), for
-the method the caller asked for and, where that matches worse, the others
-(``repo.serve_timed``).
+use and kept, split by timing method (``tuner/timing.py``), with the pool each step of the
+ladder (``repo.LADDER``) looks at for a caller (a device's rows of one Triton minor, a
+device's rows, other real GPUs' rows), made on first use, each with a dict by shape key and a
+matrix of log2 shapes. Answers come from the ladder's one implementation, ``repo.climb``, over
+the few rows it can choose for the caller (of a step's pool, the exact shape's, else the
+nearest shape's), which is exactly what ``repo.serve_best`` returns over all of them (see
+``Ladder.serve``), for the method the caller asked for and, where that matches worse, the
+others (``repo.serve_timed``).
 
 Freshness: at most every ``refresh_s`` seconds (``TUNER_SERVING_REFRESH_S``, default 0.5) a
 lookup asks the database for ``repo.best_configs_version`` (one aggregate query: count, largest
@@ -45,11 +46,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
@@ -63,7 +63,7 @@ from db.models import BestConfig, Device
 from db.transient import describe, is_unavailable
 from tuner.identity import triton_minor
 from tuner.kernel import TunableKernel
-from tuner.shapes import shape_key
+from tuner.shapes import ShapeTable
 from tuner.timing import DEFAULT_TIMING
 
 log = logging.getLogger(__name__)
@@ -87,95 +87,69 @@ GroupKey = tuple[str, str, str]  # (kernel, kernel version, dtype)
 
 
 class Pool:
-    """Candidates that one step of the ladder ranks, with their shapes' log2 as a matrix, so
-    that the nearest shapes are found with one vector operation instead of a distance per
-    candidate in Python."""
-
-    #: candidates this much (squared log2 distance) farther than the nearest are not ranked;
-    #: far above float rounding, far below any real difference of two shapes
-    TOLERANCE = 1e-9
+    """Candidates that one step of the ladder looks at for a caller, by shape key and in a
+    ``ShapeTable`` (their log2 shapes as a matrix): the exact shape's by a dict, the nearest
+    shapes' with one vector operation instead of a distance per candidate in Python."""
 
     def __init__(self, candidates: list[repo.Candidate]) -> None:
         self.candidates = candidates
         self.by_key: dict[str, list[repo.Candidate]] = {}
         for c in candidates:
             self.by_key.setdefault(c.shape_key, []).append(c)
-        self.dims = sorted({d for c in candidates for d in c.log_shape})
-        # a dimension missing from a shape counts as 1 there (log2 0), as in shape_distance
-        self.logs = np.array([[c.log_shape.get(d, 0.0) for d in self.dims] for c in candidates],
-                             dtype=np.float64).reshape(len(candidates), len(self.dims))
+        self.table = ShapeTable(candidates, lambda c: c.log_shape)
 
     def nearest(self, key: str, logs: Mapping[str, float]) -> list[repo.Candidate]:
         """The candidates of the exact shape, else those of the nearest shape: ``_closest``
-        picks among these whatever it would pick among all (distance ranks first). A
-        dimension of the caller's that no candidate has adds the same to every distance."""
-        exact = self.by_key.get(key)
-        if exact:
-            return exact
-        query = np.array([logs.get(d, 0.0) for d in self.dims], dtype=np.float64)
-        squared = ((self.logs - query) ** 2).sum(axis=1)
-        close = np.flatnonzero(squared <= squared.min() + self.TOLERANCE)
-        return [self.candidates[i] for i in close]
+        picks among these whatever it would pick among all (distance ranks first)."""
+        return self.by_key.get(key) or self.table.nearest(logs)
+
+
+#: a caller's Triton minor that no candidate has: every such minor admits the same candidates
+_OTHER_MINOR = object()
 
 
 @dataclass(frozen=True)
 class Ladder:
-    """The candidates of one (kernel, kernel version, dtype) timed one way, in the pools the
-    ladder of ``repo.serve_best`` ranks: a device's rows under one Triton minor, a device's
-    rows, and the rows of real GPUs other than a device."""
+    """The candidates of one (kernel, kernel version, dtype) timed one way, and the ``Pool``
+    each step of the ladder (``repo.LADDER``) looks at for a caller, made on first use."""
 
     candidates: list[repo.Candidate]
-    #: (device, Triton minor) -> the device's rows of that minor and those without a version;
-    #: (device, None) -> those without a version alone (for a minor it has no row of)
-    same_minor: dict[tuple[str, str | None], Pool]
-    by_device: dict[str, Pool]
-    #: rows tuned on real GPUs, and those of each device's others ("" : all of them)
-    gpus_except: dict[str, Pool]
+    devices: frozenset[str]
+    minors: frozenset[str | None]
+    #: (step, device, Triton minor) -> the candidates the step admits for such a caller
+    pools: dict[tuple[str, str | None, object], Pool] = field(default_factory=dict)
 
     @classmethod
     def of(cls, candidates: list[repo.Candidate]) -> Ladder:
-        by_minor: dict[tuple[str, str | None], list[repo.Candidate]] = {}
-        by_device: dict[str, list[repo.Candidate]] = {}
-        for c in candidates:
-            by_minor.setdefault((c.device_key, triton_minor(c.triton_version)), []).append(c)
-            by_device.setdefault(c.device_key, []).append(c)
-        gpus = [c for c in candidates if c.device_kind == "cuda"]
-        gpus_except = {device: Pool([c for c in gpus if c.device_key != device])
-                       for device in ("", *by_device)}
-        same_minor: dict[tuple[str, str | None], Pool] = {
-            (device, minor): Pool(rows + by_minor.get((device, None), []))
-            for (device, minor), rows in by_minor.items() if minor is not None}
-        same_minor.update({(device, None): Pool(by_minor.get((device, None), []))
-                           for device in by_device})
-        return cls(candidates, same_minor, {d: Pool(rows) for d, rows in by_device.items()},
-                   gpus_except)
+        return cls(candidates, frozenset(c.device_key for c in candidates),
+                   frozenset(triton_minor(c.triton_version) for c in candidates))
 
     def serve(self, shape: Mapping[str, int], device_key: str | None,
               triton_version: str | None, timing: str = DEFAULT_TIMING) -> repo.Served | None:
-        """``repo.serve_best`` over the few candidates it can choose for this caller: the
-        ladder's first step with any row (the caller's device under its Triton minor, its
-        device, other real GPUs), and of that step's rows only those of the exact shape or
-        of the nearest shape. Its answer is the one it gives over all candidates (all timed
-        ``timing``)."""
-        key, logs = shape_key(shape), {d: math.log2(max(1, v)) for d, v in shape.items()}
-        pools: list[Pool] = []
-        if device_key and device_key in self.by_device:
-            pools += [self._same_minor(device_key, triton_version), self.by_device[device_key]]
-        pools.append(self.gpus_except.get(device_key or "", self.gpus_except[""]))
-        for pool in pools:
-            if pool.candidates:
-                return repo.serve_best(pool.nearest(key, logs), shape=shape,
-                                       device_key=device_key, triton_version=triton_version,
-                                       timing=timing)
-        return None
+        """``repo.climb`` over the pools (the ladder's answer over every candidate, all timed
+        ``timing``: ``repo.serve_best``), each step looking at the candidates of the exact
+        shape, else of the nearest shapes, among those it admits."""
+        def members(step: repo.Step, key: str, logs: Mapping[str, float]
+                    ) -> list[repo.Candidate]:
+            return self._pool(step, device_key, triton_version).nearest(key, logs)
 
-    def _same_minor(self, device_key: str, triton_version: str | None) -> Pool:
-        """The device's rows of the caller's Triton minor (``same_triton_minor``: a row or a
-        caller without a version matches every minor)."""
+        return repo.climb(members, shape=shape, device_key=device_key,
+                          triton_version=triton_version)
+
+    def _pool(self, step: repo.Step, device_key: str | None,
+              triton_version: str | None) -> Pool:
+        """The candidates ``step`` admits for this caller (``Step.admits``), kept per what
+        they depend on: the caller's device (one of the candidates', else none: a device they
+        do not have admits what none does) and its Triton minor (one of theirs, else any
+        other), so that callers naming devices and versions at will add at most a few."""
         minor = triton_minor(triton_version)
-        if minor is None:
-            return self.by_device[device_key]
-        return self.same_minor.get((device_key, minor)) or self.same_minor[(device_key, None)]
+        key = (step.match, device_key if device_key in self.devices else None,
+               minor if minor in self.minors or minor is None else _OTHER_MINOR)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = Pool([c for c in self.candidates
+                                           if step.admits(c, device_key, triton_version)])
+        return pool
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from tuner.errors import InvalidShape
 from tuner.kernel import Dim
@@ -101,5 +101,75 @@ def log_distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
 def shape_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
     """How far apart two shapes are: the Euclidean distance over log2 of each dimension (2x in
     one dimension counts 1); a dimension missing from one shape counts as 1 there. The one
-    measure of "nearest shape" (serving the nearest tuned config, warm-starting a search)."""
+    measure of "nearest shape" (serving the nearest tuned config, warm-starting a search):
+    ``nearest``, ``nearest_logs``, ``nearest_first`` and ``ShapeTable`` find by it."""
     return log_distance(log_shape(a), log_shape(b))
+
+
+T = TypeVar("T")
+
+
+def nearest(items: Iterable[T], shape: Mapping[str, int],
+            shape_of: Callable[[T], Mapping[str, int]],
+            then: Callable[[T], Any] | None = None) -> tuple[T, float] | None:
+    """The item whose shape (``shape_of``) is nearest to ``shape`` (``shape_distance``), with
+    its distance; on a tie the least by ``then``, else the first. None without items."""
+    return nearest_logs(items, log_shape(shape), lambda item: log_shape(shape_of(item)), then)
+
+
+def nearest_logs(items: Iterable[T], logs: Mapping[str, float],
+                 logs_of: Callable[[T], Mapping[str, float]],
+                 then: Callable[[T], Any] | None = None) -> tuple[T, float] | None:
+    """``nearest`` for shapes given as their ``log_shape`` (computed once for shapes compared
+    many times)."""
+    scored = [(log_distance(logs_of(item), logs), item) for item in items]
+    if not scored:
+        return None
+    if then is None:
+        distance, best = min(scored, key=lambda s: s[0])
+    else:
+        rank = then
+        distance, best = min(scored, key=lambda s: (s[0], rank(s[1])))
+    return best, distance
+
+
+def nearest_first(items: Iterable[T], shape: Mapping[str, int],
+                  shape_of: Callable[[T], Mapping[str, int]]) -> list[T]:
+    """The items by how near their shapes (``shape_of``) are to ``shape`` (``shape_distance``),
+    nearest first; items at the same distance in their order."""
+    logs = log_shape(shape)
+    return sorted(items, key=lambda item: log_distance(log_shape(shape_of(item)), logs))
+
+
+class ShapeTable(Generic[T]):
+    """Items with their shapes' log2 as a matrix, so that the items of the nearest shapes are
+    found with one vector operation instead of a distance per item in Python (many lookups
+    against the same items: the serving index)."""
+
+    #: items this much (squared log2 distance) farther than the nearest are left out; far
+    #: above float rounding, far below any real difference of two shapes
+    TOLERANCE = 1e-9
+
+    def __init__(self, items: Sequence[T], logs_of: Callable[[T], Mapping[str, float]]) -> None:
+        import numpy as np  # only the serving index needs it: not every importer of shapes
+
+        self._np = np
+        self.items = list(items)
+        self.dims = sorted({d for item in self.items for d in logs_of(item)})
+        # a dimension missing from a shape counts as 1 there (log2 0), as in shape_distance
+        self.logs = np.array([[logs_of(item).get(d, 0.0) for d in self.dims]
+                              for item in self.items],
+                             dtype=np.float64).reshape(len(self.items), len(self.dims))
+
+    def nearest(self, logs: Mapping[str, float]) -> list[T]:
+        """The items of the nearest shape (every one within ``TOLERANCE`` of it), in their
+        order: ``nearest_logs`` picks among these whatever it would pick among all (distance
+        ranks first). A dimension of ``logs`` that no item has adds the same to every
+        distance."""
+        if not self.items:
+            return []
+        np = self._np
+        query = np.array([logs.get(d, 0.0) for d in self.dims], dtype=np.float64)
+        squared = ((self.logs - query) ** 2).sum(axis=1)
+        close = np.flatnonzero(squared <= squared.min() + self.TOLERANCE)
+        return [self.items[i] for i in close]

@@ -48,10 +48,13 @@ from db.repo._common import (  # noqa: F401
     _write_transaction,
 )
 from db.repo.bests import (  # noqa: F401
+    LADDER,
     MATCH_RANK,
     BestTimes,
     Candidate,
+    Members,
     Served,
+    Step,
     _best_key,
     _best_query,
     _best_row,
@@ -60,6 +63,7 @@ from db.repo.bests import (  # noqa: F401
     _matching,
     all_serving_candidates,
     best_configs_version,
+    climb,
     get_best,
     list_best,
     nearest_best,

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from db.models import BASES, BestConfig, Device, utcnow
 from db.repo._common import _changed, _insert_ignoring_conflicts
 from tuner.identity import same_triton_minor
-from tuner.shapes import log_distance, log_shape, shape_distance, shape_key
+from tuner.shapes import log_shape, nearest, nearest_logs, shape_key
 from tuner.timing import DEFAULT_TIMING, TIMING_METHODS, check_timing
 
 # -- best configs -----------------------------------------------------------------------------
@@ -172,11 +172,8 @@ def nearest_best(session: Session, *, device_key: str, kernel: str, dtype: str,
                                            dtype=dtype)
     if kernel_version:
         rows = [r for r in rows if r.kernel_version == kernel_version]
-    scored = [(shape_distance(r.shape, shape), -r.updated_at.timestamp(), r.id, r) for r in rows]
-    if not scored:
-        return None
-    distance, _, _, best = min(scored, key=lambda s: s[:3])
-    return best, distance
+    return nearest(rows, shape, lambda r: r.shape,
+                   then=lambda r: (-r.updated_at.timestamp(), r.id))
 
 
 def shape_key_of(shape: Mapping[str, int]) -> str:
@@ -248,52 +245,86 @@ def all_serving_candidates(session: Session) -> dict[tuple[str, str, str], list[
     return groups
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A step of the serving ladder: the match it answers (``nearest``: ``exact`` for the
+    caller's own shape) and which candidates it looks at for a caller, ``admits(candidate,
+    device_key, triton_version)``."""
+
+    match: str
+    admits: Callable[[Candidate, str | None, str | None], bool]
+
+
+def _on_device_same_minor(c: Candidate, device_key: str | None,
+                          triton_version: str | None) -> bool:
+    return bool(device_key) and c.device_key == device_key \
+        and same_triton_minor(c.triton_version, triton_version)
+
+
+def _on_device(c: Candidate, device_key: str | None, _triton_version: str | None) -> bool:
+    return bool(device_key) and c.device_key == device_key
+
+
+def _on_other_gpu(c: Candidate, device_key: str | None, _triton_version: str | None) -> bool:
+    # the interpreter's and replayed results are never served for another device
+    return c.device_kind == "cuda" and c.device_key != device_key
+
+
+#: The serving ladder, best first: on the caller's device with its Triton minor version
+#: (``exact``, else ``nearest``), on its device with another Triton minor (``other-triton``),
+#: on another real GPU (``other-device``). Without a device only ``other-device`` can match
+#: (the caller's GPU is unknown); without a Triton version every version counts as the
+#: caller's. ``climb`` is its one implementation: ``serve_best`` over a list of candidates,
+#: the serving index (``api/serving.py``) over its pools.
+LADDER = (Step("nearest", _on_device_same_minor), Step("other-triton", _on_device),
+          Step("other-device", _on_other_gpu))
+
+#: ``members(step, shape key, log shape)``: the candidates a step admits for the caller, or of
+#: them at least those of the exact shape, else those of the nearest shapes
+Members = Callable[[Step, str, Mapping[str, float]], Sequence[Candidate]]
+
+
+def climb(members: Members, *, shape: Mapping[str, int], device_key: str | None,
+          triton_version: str | None) -> Served | None:
+    """Down the ``LADDER`` for a caller: the first step with a candidate (``members``), and
+    its candidate of the exact shape else of the nearest (``_closest``). None: serve the
+    kernel's default."""
+    key, logs = shape_key(shape), log_shape(shape)
+    for step in LADDER:
+        if found := _closest(members(step, key, logs), key, logs, triton_version):
+            row, distance = found
+            exact = step is LADDER[0] and row.shape_key == key
+            return Served("exact" if exact else step.match, row, distance)
+    return None
+
+
 def serve_best(candidates: Iterable[Candidate], *, shape: Mapping[str, int],
                device_key: str | None, triton_version: str | None,
                timing: str = DEFAULT_TIMING) -> Served | None:
     """The config to serve a caller from ``serving_candidates`` (its kernel version and
-    dtype), down the ladder: on the caller's device with its Triton minor version, the exact
-    shape (``exact``) else the nearest (``nearest``); on its device with another Triton minor
-    (``other-triton``); on another real GPU (``other-device``; the interpreter's and replayed
-    results are never served for another device). None: serve the kernel's default. Without
-    ``device_key`` only ``other-device`` can match (the caller's GPU is unknown); without
-    ``triton_version`` every Triton version counts as the caller's. Only candidates timed with
-    ``timing`` count (``serve_timed`` falls back to the other methods)."""
-    candidates = [c for c in candidates if c.timing == timing]
-    key, logs = shape_key(shape), log_shape(shape)
-    if device_key:
-        mine = [c for c in candidates if c.device_key == device_key]
-        same = [c for c in mine if same_triton_minor(c.triton_version, triton_version)]
-        if found := _closest(same, key, logs, triton_version):
-            row, distance = found
-            return Served("exact" if row.shape_key == key else "nearest", row, distance)
-        if found := _closest(mine, key, logs, triton_version):
-            return Served("other-triton", *found)
-    gpus = [c for c in candidates if c.device_kind == "cuda" and c.device_key != device_key]
-    if found := _closest(gpus, key, logs, triton_version):
-        return Served("other-device", *found)
-    return None
+    dtype), down the ``LADDER`` (``climb``) over every candidate timed with ``timing``
+    (``serve_timed`` falls back to the other methods). None: serve the kernel's default."""
+    timed = [c for c in candidates if c.timing == timing]
+
+    def members(step: Step, _key: str, _logs: Mapping[str, float]) -> list[Candidate]:
+        return [c for c in timed if step.admits(c, device_key, triton_version)]
+
+    return climb(members, shape=shape, device_key=device_key, triton_version=triton_version)
 
 
 def _closest(candidates: Sequence[Candidate], key: str, logs: Mapping[str, float],
              triton_version: str | None) -> tuple[BestConfig, float] | None:
-    """The candidate of the nearest shape (the exact shape first), then of the caller's Triton
-    minor, then of its very version, then the most recently updated; with its distance
-    (``shape_distance``: a dimension missing from one shape counts as 1 there)."""
-    def distance(c: Candidate) -> float:
-        return log_distance(c.log_shape, logs)
-
-    def rank(c: Candidate) -> tuple[float, bool, bool, bool, float, int]:
-        return (distance(c), c.shape_key != key,
-                not same_triton_minor(c.triton_version, triton_version),
+    """The candidate of the exact shape, else of the nearest shape (``nearest_logs``: a
+    dimension missing from one shape counts as 1 there), then of the caller's Triton minor,
+    then of its very version, then the most recently updated; with its distance."""
+    def then(c: Candidate) -> tuple[bool, bool, float, int]:
+        return (not same_triton_minor(c.triton_version, triton_version),
                 bool(triton_version) and c.triton_version != triton_version,
                 -c.updated, -c.row.id)
 
-    if not candidates:
-        return None
-    exact = [c for c in candidates if c.shape_key == key]  # no distance to compute
-    best = min(exact or candidates, key=rank)
-    return best.row, 0.0 if exact else distance(best)
+    exact = [c for c in candidates if c.shape_key == key]  # distance 0
+    found = nearest_logs(exact or candidates, logs, lambda c: c.log_shape, then)
+    return None if found is None else (found[0].row, found[1])
 
 
 #: how good each match is, best first (``serve_timed`` compares answers of two methods)

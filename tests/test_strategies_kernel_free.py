@@ -1,6 +1,6 @@
 """tuner/strategies/ holds strategies only (issue 31): no strategy imports a kernel module or
 names a kernel's parameter. What a strategy knows of a kernel is its space, the problem and
-the kernel's ``prior`` hook (``TunableKernel.prior``); the GEMM prior lives with the GEMM family
+the kernel's ``prior`` hook (``tuner.kernel.HasPrior``); the GEMM prior lives with the GEMM family
 (``search_spaces/gemm/prior.py``)."""
 
 from __future__ import annotations

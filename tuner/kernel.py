@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -94,35 +94,41 @@ class TunableKernel(Protocol):
     process imports to get this object (the registry sets it).
 
     Optional with defaults (``OPTIONAL_MEMBERS``; ``with_defaults`` fills them in, so a plugin
-    written against the required members alone loads and runs): ``description``;
-    ``interpreter_unsupported_dtypes``; ``known_good_configs`` (tried first); ``compile``
-    builds the binary without launching (the compile-ahead pool calls it in processes that
-    never time anything; without it the GPU child compiles on the first launch); ``prior`` is
-    an estimated log run time, used only to rank configs before measuring them (None: no model).
+    written against the required members alone loads and runs, and they are members of this
+    protocol): ``description``; ``interpreter_unsupported_dtypes``; ``known_good_configs``
+    (tried first).
 
-    Optional: ``listed_configs(shape, dtype)``: the user's own config list (``tuner.Kernel``):
-    a search measures every one of them before it extends around them, and re-times their best
-    beside its finalists, so what it serves is never slower than the list's best.
+    Optional hooks, not members of this protocol (``OPTIONAL_HOOKS``: each its own protocol
+    below, read through its accessor, which gives None for a kernel without it):
 
-    Optional: ``verification`` (str): how outputs are checked, ``"reference"`` (the default) or
-    ``"unverified: no reference"`` (configs checked against each other and for NaN/Inf only);
-    the API and the dashboard show it.
+    - ``compile`` (``CompilesAhead``, ``compile_hook``) builds the binary without launching
+      (the compile-ahead pool calls it in processes that never time anything; without it the
+      GPU child compiles on the first launch);
+    - ``prior`` (``HasPrior``, ``prior_hook``) is an estimated log run time, used only to rank
+      configs before measuring them (None: no model). ``with_defaults`` gives a kernel without
+      one a flat prior (None for every config), which ranks as no prior does;
+    - ``baseline(inputs)`` (``HasBaseline``, ``baseline_hook``) does the same work with the
+      vendor's library (torch) on the same inputs, in their dtype (matmul: ``torch.matmul``);
+      re-timing times it interleaved with the finalists in the same process
+      (``SearchResult.baseline``), a like-for-like comparison. Its result is not checked;
+    - ``listed_configs(shape, dtype)`` (``ListsConfigs``, ``listed_configs_hook``): the user's
+      own config list (``tuner.Kernel``): a search measures every one of them before it extends
+      around them, and re-times their best beside its finalists, so what it serves is never
+      slower than the list's best;
+    - ``compile_shape(shape, dtype) -> dict`` (``HasCompileShape``) gives a smaller shape whose
+      compiled binary is the same (Triton specialises on dtypes, 16-byte alignment of pointers,
+      divisibility by 16 and ==1 of integers, and constexprs, never on sizes); the compile pool
+      builds its inputs with it (see ``compile_shape_for``);
+    - ``compile_inputs(shape, dtype, device)`` (``HasCompileInputs``): the inputs the compile
+      pool compiles with (see ``compile_inputs_for``);
+    - ``same_kernel(config, shape, dtype) -> KernelConfig`` (``NamesSameKernel``) names the
+      config that runs the same code as ``config`` on that problem (matmul: SPLIT_K outside
+      split_k); the table recorder (``bench/record_tables.py``) measures each such kernel once.
 
-    Optional: ``output_check`` (an ``OutputCheck``): row-wise comparison, declared invariants.
-
-    Optional (not part of the protocol): ``compile_shape(shape, dtype) -> dict`` gives a smaller
-    shape whose compiled binary is the same (Triton specialises on dtypes, 16-byte alignment of
-    pointers, divisibility by 16 and ==1 of integers, and constexprs, never on sizes); the
-    compile pool builds its inputs with it (see ``compile_shape_for``).
-
-    Optional: ``same_kernel(config, shape, dtype) -> KernelConfig`` names the config that runs
-    the same code as ``config`` on that problem (matmul: SPLIT_K outside split_k); the table
-    recorder (``bench/record_tables.py``) measures each such kernel once.
-
-    Optional: ``baseline(inputs)`` does the same work with the vendor's library (torch) on the
-    same inputs, in their dtype (matmul: ``torch.matmul``); re-timing times it interleaved
-    with the finalists in the same process (``SearchResult.baseline``), a like-for-like
-    comparison. Its result is not checked.
+    Optional attributes: ``verification`` (str): how outputs are checked, ``"reference"`` (the
+    default) or ``"unverified: no reference"`` (configs checked against each other and for
+    NaN/Inf only; the API and the dashboard show it; ``verification_of``); ``output_check``
+    (an ``OutputCheck``): row-wise comparison, declared invariants (``output_check_of``).
     """
 
     name: str
@@ -148,8 +154,6 @@ class TunableKernel(Protocol):
 
     def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None: ...
 
-    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None: ...
-
     def reference(self, inputs: dict[str, Any]) -> Any: ...
 
     def tolerance(self, dtype: str) -> Tolerance: ...
@@ -158,7 +162,98 @@ class TunableKernel(Protocol):
 
     def bytes(self, shape: Mapping[str, int], dtype: str) -> float: ...
 
+
+class CompilesAhead(Protocol):
+    """The optional ``compile`` hook: build ``config``'s binary for ``inputs`` without
+    launching it."""
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None: ...
+
+
+class HasPrior(Protocol):
+    """The optional ``prior`` hook: ``config``'s estimated log run time on ``ctx``'s problem
+    (lower ranks first), None where it has no estimate."""
+
     def prior(self, config: KernelConfig, ctx: ProblemContext) -> float | None: ...
+
+
+class HasBaseline(Protocol):
+    """The optional ``baseline`` hook: the same work done by the vendor's library."""
+
+    def baseline(self, inputs: dict[str, Any]) -> Any: ...
+
+
+class ListsConfigs(Protocol):
+    """The optional ``listed_configs`` hook: the user's own configs for a problem."""
+
+    def listed_configs(self, shape: Mapping[str, int], dtype: str) -> list[KernelConfig]: ...
+
+
+class HasCompileShape(Protocol):
+    """The optional ``compile_shape`` hook: a small shape compiling to the same binary."""
+
+    def compile_shape(self, shape: Mapping[str, int], dtype: str) -> Mapping[str, int]: ...
+
+
+class HasCompileInputs(Protocol):
+    """The optional ``compile_inputs`` hook: the inputs the compile pool compiles with."""
+
+    def compile_inputs(self, shape: Mapping[str, int], dtype: str,
+                       device: str) -> Mapping[str, Any]: ...
+
+
+class NamesSameKernel(Protocol):
+    """The optional ``same_kernel`` hook: the config running the same code on a problem."""
+
+    def same_kernel(self, config: KernelConfig, shape: Mapping[str, int],
+                    dtype: str) -> KernelConfig: ...
+
+
+#: the optional hooks (each a method a kernel may have or lack) and the protocol declaring it;
+#: read them through ``optional_hook`` or its typed accessors (``compile_hook``,
+#: ``prior_hook``, ``baseline_hook``, ``listed_configs_hook``), never as plain attributes.
+#: Not by ``isinstance`` on the protocols: kernels reach the engine wrapped (``with_defaults``,
+#: test doubles) with members forwarded by ``__getattr__``, which a runtime-checkable
+#: protocol's ``isinstance`` does not see on Python 3.12 (``inspect.getattr_static``).
+OPTIONAL_HOOKS: dict[str, type] = {
+    "compile": CompilesAhead,
+    "prior": HasPrior,
+    "baseline": HasBaseline,
+    "listed_configs": ListsConfigs,
+    "compile_shape": HasCompileShape,
+    "compile_inputs": HasCompileInputs,
+    "same_kernel": NamesSameKernel,
+}
+
+
+def optional_hook(kernel: object, name: str) -> Callable[..., Any] | None:
+    """The kernel's optional hook ``name`` (one of ``OPTIONAL_HOOKS``) as a bound callable;
+    None for a kernel without it (or with a non-callable in its place)."""
+    if name not in OPTIONAL_HOOKS:
+        raise KeyError(f"{name!r} is not an optional kernel hook ({', '.join(OPTIONAL_HOOKS)})")
+    hook = getattr(kernel, name, None)
+    return hook if callable(hook) else None
+
+
+def compile_hook(kernel: object) -> Callable[[KernelConfig, dict[str, Any]], None] | None:
+    """The kernel's ``compile`` (``CompilesAhead``), None without one."""
+    return optional_hook(kernel, "compile")
+
+
+def prior_hook(kernel: object) -> Callable[[KernelConfig, ProblemContext], float | None] | None:
+    """The kernel's ``prior`` (``HasPrior``), None without one."""
+    return optional_hook(kernel, "prior")
+
+
+def baseline_hook(kernel: object) -> Callable[[dict[str, Any]], Any] | None:
+    """The kernel's ``baseline`` (``HasBaseline``), None without one."""
+    return optional_hook(kernel, "baseline")
+
+
+def listed_configs_hook(kernel: object
+                        ) -> Callable[[Mapping[str, int], str], list[KernelConfig]] | None:
+    """The kernel's ``listed_configs`` (``ListsConfigs``), None without one."""
+    return optional_hook(kernel, "listed_configs")
 
 
 #: what a TunableKernel must have (attributes and methods), for plugin checks: the protocol
@@ -168,12 +263,13 @@ PROTOCOL_MEMBERS = ("name", "ref", "dims", "dtypes", "version", "space", "defaul
 
 #: the optional members and what a kernel without them gets (``with_defaults``): no
 #: description, every dtype checkable on the interpreter, no known-good configs beyond the
-#: default, no compile-ahead (the GPU child compiles on the first launch), no prior
+#: default, and a flat prior (no estimate for any config: ranks as no prior does). A kernel
+#: without ``compile`` gets nothing in its place (``compile_hook`` is None: the GPU child
+#: compiles on the first launch).
 OPTIONAL_MEMBERS: dict[str, Any] = {
     "description": "",
     "interpreter_unsupported_dtypes": (),
     "known_good_configs": lambda shape, dtype: [],
-    "compile": None,
     "prior": lambda config, ctx: None,
 }
 
@@ -223,8 +319,8 @@ def compile_shape_for(kernel: Any, shape: Mapping[str, int], dtype: str) -> dict
     the shape itself when its inputs are small (``kernel.bytes`` at most
     ``MAX_FULL_COMPILE_BYTES``); else None: the pool does not compile ahead and the GPU child
     compiles each config itself (a cache miss costs only time)."""
-    hook = getattr(kernel, "compile_shape", None)
-    if callable(hook):
+    hook = optional_hook(kernel, "compile_shape")
+    if hook is not None:
         return {k: int(v) for k, v in hook(shape, dtype).items()}
     size = kernel.bytes(shape, dtype)
     return dict(shape) if 0 < size <= MAX_FULL_COMPILE_BYTES else None
@@ -237,8 +333,8 @@ def compile_inputs_for(kernel: Any, shape: Mapping[str, int], dtype: str,
     problem's tensors, whatever size it declares), else those of ``compile_shape_for``'s shape;
     None: no compiling ahead (the GPU child compiles each config itself). Never full-size
     inputs of a large problem in every pool process."""
-    hook = getattr(kernel, "compile_inputs", None)
-    if callable(hook):
+    hook = optional_hook(kernel, "compile_inputs")
+    if hook is not None:
         return dict(hook(shape, dtype, device))
     small = compile_shape_for(kernel, shape, dtype)
     return kernel.make_inputs(small, dtype, device, 0) if small is not None else None

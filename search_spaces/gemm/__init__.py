@@ -6,7 +6,7 @@
   availability, whether a tile fits, matmul's constraints and the tiled kernel's space;
 - ``prior``: the analytic cost model of a tiled GEMM config (matmul's ``prior``; conv2d and
   moe_gemm rank theirs with it on the GEMM they compute; flash attention borrows its hardware
-  constants). Kernels reach it only through their own ``prior`` hook (``TunableKernel.prior``):
+  constants). Kernels reach it only through their own ``prior`` hook (``tuner.kernel.HasPrior``):
   the engine's strategies know no kernel parameter.
 
 matmul's own kernels, launcher and ``MatmulKernel`` stay in ``search_spaces/matmul.py``. Moving

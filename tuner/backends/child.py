@@ -207,7 +207,11 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
 
 
 def _compile(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> None:
-    compile_fn = getattr(state.kernel, "compile", None)
+    """The kernel's optional ``compile`` hook, on a GPU (without one, or on the interpreter,
+    the first launch compiles)."""
+    from tuner.kernel import compile_hook
+
+    compile_fn = compile_hook(state.kernel)
     if compile_fn is not None and state.kind == "cuda":
         compile_fn(config, inputs)
 
@@ -334,8 +338,10 @@ def _baseline_fn(state: ChildState, inputs: dict[str, Any],
     """The kernel's ``baseline(inputs)`` hook as a callable, if it has one that runs here (it
     is tried once, and with ``cuda-graph`` timing captured once: a baseline that fails is left
     out rather than failing the re-timing)."""
-    hook = getattr(state.kernel, "baseline", None)
-    if not callable(hook):
+    from tuner.kernel import baseline_hook
+
+    hook = baseline_hook(state.kernel)
+    if hook is None:
         return None
     try:
         hook(inputs)

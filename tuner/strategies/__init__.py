@@ -1,8 +1,9 @@
 """Search strategies, one module each, behind a name registry.
 
 ``auto`` is chosen per kernel: ``DEFAULT_STRATEGY`` for a kernel with a prior (its own estimate
-of a config's run time, ``TunableKernel.prior``), ``DEFAULT_STRATEGY_WITHOUT_PRIOR`` for one
-without. A kernel has a prior when its ``prior`` gives a value for its default config.
+of a config's run time, the optional hook ``tuner.kernel.HasPrior``),
+``DEFAULT_STRATEGY_WITHOUT_PRIOR`` for one without. A kernel has a prior when its ``prior``
+gives a value for its default config.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.errors import InvalidRequest
+from tuner.kernel import prior_hook
 from tuner.space import ProblemContext, SearchSpace
 from tuner.strategies.base import Prior, Strategy
 from tuner.strategies.exhaustive import ExhaustiveStrategy
@@ -47,9 +49,9 @@ def resolve_strategy(name: str, has_prior: bool) -> str:
 
 
 def kernel_prior(kernel: Any) -> Prior | None:
-    """The kernel's ``prior`` method, or None for kernels written without one."""
-    prior = getattr(kernel, "prior", None)
-    return prior if callable(prior) else None
+    """The kernel's ``prior`` method (the optional hook ``tuner.kernel.HasPrior``), or None for
+    kernels written without one."""
+    return prior_hook(kernel)
 
 
 def kernel_has_prior(kernel: Any, shape: Mapping[str, int], dtype: str,

@@ -7,7 +7,7 @@ once for each asked config and may also be called for configs the strategy never
 (warm-start configs, resumed trials): a strategy must learn from those too. Strategies are
 reproducible: the same seed and the same tells give the same asks.
 
-A strategy may be given the kernel's ``prior`` (``TunableKernel.prior``): an estimated log run
+A strategy may be given the kernel's ``prior`` (``tuner.kernel.HasPrior``): an estimated log run
 time of a config on the problem, used only to rank configs, or None where the kernel has no
 model. Strategies know nothing of a kernel's parameters but what the space and the prior say.
 """

@@ -1,5 +1,5 @@
-"""Strategies led by the kernel's prior (``TunableKernel.prior``, e.g. matmul's analytic cost
-model): measure what it ranks first, then learn where it is wrong.
+"""Strategies led by the kernel's prior (the optional hook ``tuner.kernel.HasPrior``, e.g.
+matmul's analytic cost model): measure what it ranks first, then learn where it is wrong.
 
 ``model``: every feasible config gets a predicted log-time = the prior's estimate plus a
 correction learned from the measurements so far: a kernel-weighted average of the residuals

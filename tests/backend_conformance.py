@@ -7,11 +7,19 @@ one that fails to compile), and asserts one clause of the contract."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import pytest
 
+from tuner.backends.base import (
+    BatchesAhead,
+    Calibrates,
+    CompilesAhead,
+    Interruptible,
+    Retargetable,
+    TimesWithMethods,
+)
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.errors import InvalidRequest
@@ -110,6 +118,24 @@ def check_timing_methods(backend: Any, refuses: Sequence[str] = ()) -> None:
         assert backend.timing_method == method
 
 
+#: the optional members a backend may have (``tuner/backends/base.py``), each its own protocol
+OPTIONAL_PROTOCOLS = (BatchesAhead, CompilesAhead, Interruptible, Retargetable, Calibrates,
+                      TimesWithMethods)
+
+
+def check_optional_members(backend: Any, declares: Collection[type] | None = None) -> None:
+    """The optional protocols ``backend`` has are ``declares`` (when given: those the search
+    loop and the worker will find by isinstance), and each one it has is kept: a preferred
+    batch of at least one, an ``interrupt`` that is None or callable."""
+    has = {p for p in OPTIONAL_PROTOCOLS if isinstance(backend, p)}
+    if declares is not None:
+        assert {p.__name__ for p in has} == {p.__name__ for p in declares}
+    if BatchesAhead in has:
+        assert isinstance(backend.preferred_batch, int) and backend.preferred_batch >= 1
+    if Interruptible in has:
+        assert backend.interrupt is None or callable(backend.interrupt)
+
+
 def check_close(backend: Any) -> None:
     """``close`` may be called again."""
     backend.close()
@@ -117,12 +143,15 @@ def check_close(backend: Any) -> None:
 
 
 def check_backend(open_: Callable[[], Any], space: SearchSpace, good: Sequence[KernelConfig],
-                  bad: KernelConfig, refuses: Sequence[str] = ()) -> None:
-    """Every clause, on one backend ``open_()`` opens (closed at the end)."""
+                  bad: KernelConfig, refuses: Sequence[str] = (),
+                  declares: Collection[type] | None = None) -> None:
+    """Every clause, on one backend ``open_()`` opens (closed at the end); ``declares``: the
+    optional protocols it must have, and only those."""
     assert len(good) >= 2
     backend = open_()
     try:
         check_identity(backend)
+        check_optional_members(backend, declares)
         check_restrict(backend, space, good)
         check_timing_methods(backend, refuses)
         check_measure(backend, good, bad)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from search_spaces import get_kernel
-from tests.backend_conformance import check_backend
+from tests.backend_conformance import OPTIONAL_PROTOCOLS, check_backend
 from tuner.backends import TimingOptions, open_backend
+from tuner.backends.base import TimesWithMethods
 from tuner.backends.replay import ReplayBackend, load_table
 from tuner.config import KernelConfig
 
@@ -30,7 +31,7 @@ def test_a_replay_table_keeps_the_backend_contract():
     good = [c for c in restricted if any(c.items() >= o.items() for o in ok[:2])][:2]
     assert len(good) == 2
     bad = KernelConfig({**good[0], "BLOCK_K": 8})  # not recorded
-    check_backend(lambda: ReplayBackend(table), space, good, bad)
+    check_backend(lambda: ReplayBackend(table), space, good, bad, declares=[TimesWithMethods])
 
 
 @pytest.mark.timeout(300)
@@ -42,4 +43,5 @@ def test_the_interpreters_child_keeps_the_backend_contract():
     bad = KernelConfig(BLOCK=300, PROGRAMS_PER_SM=0, num_warps=4, num_stages=1)  # no pow2
     check_backend(lambda: open_backend("interpret", kernel, shape, dtype, timing=FAST,
                                        compile_workers=0),
-                  kernel.space(), good, bad, refuses=["cuda-graph"])
+                  kernel.space(), good, bad, refuses=["cuda-graph"],
+                  declares=OPTIONAL_PROTOCOLS)

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, CompilesAhead, preferred_batch
 from tuner.config import KernelConfig
 from tuner.errors import MeasuringStopped, interrupted_by
 from tuner.kernel import TunableKernel
@@ -156,7 +156,7 @@ class SearchLoop:
                                   backend.fingerprint.sm_count or ProblemContext.sm_count,
                                   ProblemContext.capability_of(
                                       backend.fingerprint.compute_capability))
-        # the kernel's own prior ranks configs (kernels written before TunableKernel.prior
+        # the kernel's own prior ranks configs (kernels without the optional prior hook
         # have none: flat); "auto" is chosen by whether the kernel has one
         name = resolve_strategy(options.strategy, kernel_has_prior(kernel, shape, dtype, self.ctx))
         self.strategy: Strategy = make_strategy(name, self.space, self.ctx, options.seed,
@@ -385,19 +385,18 @@ class SearchLoop:
         pool) the configs likely to be asked after this batch, most likely first: the warm
         start's next configs, then the strategy's ranking. Its pool compiles them while the
         GPU times this batch, so later batches find their binaries ready."""
-        prefetch = getattr(self.backend, "prefetch", None)
-        if not callable(prefetch):
+        if not isinstance(self.backend, CompilesAhead):
             return
-        n = int(getattr(self.backend, "preferred_batch", 1))
+        n = preferred_batch(self.backend)
         ahead = [c for c in self._warm if c not in self.tried][:n]
         ahead += self.strategy.upcoming(n - len(ahead)) if len(ahead) < n else []
         if ahead:
-            prefetch(list(dict.fromkeys(ahead)))
+            self.backend.prefetch(list(dict.fromkeys(ahead)))
 
     def _batch_size(self) -> int:
         if self.options.batch_size:
             return self.options.batch_size
-        preferred = int(getattr(self.backend, "preferred_batch", 1))
+        preferred = preferred_batch(self.backend)
         return preferred if self.strategy.systematic else max(1, min(4, preferred))
 
     def _fastest_verified(self) -> list[Measurement]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
@@ -104,6 +104,11 @@ class Backend(Protocol):
     in a dead device or process loses none of its finished measurements. An exception raised by
     ``on_result`` stops the batch and propagates. Not thread-safe: one search loop drives one
     backend.
+
+    Everything else a backend may have is optional, each member a protocol of its own below
+    (``BatchesAhead``, ``CompilesAhead``, ``Interruptible``, ``Retargetable``, ``Calibrates``,
+    ``TimesWithMethods``), found with ``isinstance``; ``tests/backend_conformance.py`` checks
+    which ones each real backend has.
     """
 
     fingerprint: DeviceFingerprint
@@ -133,6 +138,70 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+# -- optional members: a backend may have each of these or not ------------------------------
+# Each is a protocol of its own, checked with isinstance (runtime_checkable: the member is
+# present, and not None where it is a method); ``ProcessBackend`` has them all,
+# ``ReplayBackend`` only ``TimesWithMethods``, a test's fake any of them.
+
+@runtime_checkable
+class BatchesAhead(Protocol):
+    """A backend that wants configs asked ahead of measuring: ``preferred_batch`` of them
+    (the process backend: its compile pool's size). Without it, one."""
+
+    @property
+    def preferred_batch(self) -> int: ...
+
+
+@runtime_checkable
+class CompilesAhead(Protocol):
+    """A backend that compiles configs ahead of their batch (the process backend's compile
+    pool): ``prefetch`` hands it those the search expects to ask next, most likely first."""
+
+    def prefetch(self, configs: Sequence[KernelConfig]) -> None: ...
+
+
+@runtime_checkable
+class Interruptible(Protocol):
+    """A backend that asks ``interrupt`` (when set) while a measurement is in flight and stops
+    it (``MeasuringStopped``) when it answers True."""
+
+    interrupt: Callable[[], bool] | None
+
+
+@runtime_checkable
+class Retargetable(Protocol):
+    """A backend that can measure another problem with what it has started (its child and
+    compile pool): a sweep's next shape, a worker's next task."""
+
+    def targets(self, kernel_ref: str, shape: dict[str, int], dtype: str, seed: int) -> bool:
+        """Whether it is set up for exactly this problem."""
+        ...
+
+    def retarget(self, shape: dict[str, int], *, kernel_ref: str | None = None,
+                 dtype: str | None = None, seed: int | None = None) -> None:
+        """Measure this problem from now on."""
+        ...
+
+
+@runtime_checkable
+class Calibrates(Protocol):
+    """A backend that measures its device's ceilings (copy bandwidth, matmul TFLOP/s)."""
+
+    def calibrate(self, runs: int | None = None) -> dict[str, float | None]: ...
+
+
+@runtime_checkable
+class TimesWithMethods(Protocol):
+    """A backend that times with a chosen timing method (``tuner/timing.py``)."""
+
+    def use_timing(self, method: str) -> str: ...
+
+
+def preferred_batch(backend: object) -> int:
+    """How many configs ``backend`` wants asked ahead (``BatchesAhead``), else 1."""
+    return int(backend.preferred_batch) if isinstance(backend, BatchesAhead) else 1
+
+
 def use_timing(backend: object, method: str) -> str:
     """Have ``backend`` time with ``method`` (``tuner/timing.py``) from now on; the method it
     will actually time with (a replay table's own). A backend that cannot time with it raises
@@ -140,5 +209,6 @@ def use_timing(backend: object, method: str) -> str:
     fake) times ``eager-flushed``."""
     from tuner.timing import DEFAULT_TIMING
 
-    setter = getattr(backend, "use_timing", None)
-    return str(setter(method)) if callable(setter) else DEFAULT_TIMING
+    if isinstance(backend, TimesWithMethods):
+        return str(backend.use_timing(method))
+    return DEFAULT_TIMING

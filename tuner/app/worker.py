@@ -39,7 +39,7 @@ from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.interpreter_estimate import interpreter_time_budget_s
 from tuner.kernel import TunableKernel
-from tuner.measurement import Measurement, Outcome
+from tuner.measurement import Measurement
 from tuner.phases import PhaseClock
 from tuner.roofline import roofline
 from tuner.search import (
@@ -50,7 +50,7 @@ from tuner.search import (
     run_search,
 )
 from tuner.settings import Settings
-from tuner.shapes import shape_distance, shape_key
+from tuner.shapes import nearest_first, shape_key
 from tuner.timing import DEFAULT_TIMING
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,7 @@ class TaskOutcome:
 
 
 def _measurement_of(trial: Any) -> Measurement:
-    return Measurement(
-        config=KernelConfig(trial.config), outcome=Outcome(trial.outcome), p20_ms=trial.p20_ms,
-        p50_ms=trial.p50_ms, p80_ms=trial.p80_ms, error=trial.error, compile_s=trial.compile_s,
-        max_error=trial.max_error)
+    return Measurement.from_dict(repo.measurement_dict(trial))
 
 
 def warm_start_configs(session: Session, kernel: TunableKernel, device_key: str, dtype: str,
@@ -100,7 +97,7 @@ def _warm_start(rows: list[Any], kernel: TunableKernel, device_key: str, dtype: 
     """``warm_start_configs`` from the stored bests of the kernel and dtype (``rows``, read)."""
     configs: list[KernelConfig] = []
     here = [r for r in rows if r.device_key == device_key and r.kernel_version == kernel.version]
-    for row in sorted(here, key=lambda r: shape_distance(r.shape, shape))[:3]:
+    for row in nearest_first(here, shape, lambda r: r.shape)[:3]:
         configs.append(KernelConfig(row.config))
     key = shape_key(shape)
     configs += [KernelConfig(r.config) for r in rows

@@ -126,6 +126,14 @@ class Settings(BaseSettings):
     #: an idle worker closes them after this long, freeing the GPU's memory; 0: a fresh child
     #: per task
     worker_keep_seconds: float = Field(default=600.0, ge=0)
+    #: seconds an idle worker of the embedded dispatch waits between looks for a queued task
+    #: (a look finding nothing is one indexed SELECT): half of it on average is added to a
+    #: job's wait before its first trial
+    worker_poll_seconds: float = Field(default=0.2, gt=0)
+    #: hours a device's calibration (its copy bandwidth and GEMM ceiling, the roofline's
+    #: limits) stays good: a worker starting on a device calibrated more recently reuses it
+    #: instead of measuring again (~10 s); 0: calibrate at every start
+    calibration_max_age_hours: float = Field(default=168.0, ge=0)
     #: compile processes per GPU worker (compiling candidates ahead of the GPU); -1: the
     #: machine's cores shared among the workers ``tuner serve`` starts on it, less one each
     compile_workers: int = Field(default=-1, ge=-1)

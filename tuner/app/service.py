@@ -1,7 +1,9 @@
 """``tuner worker`` and ``tuner serve``: the long-running processes of the service.
 
-A worker owns one device. Its parent process never initialises CUDA: a short-lived child reports
-the GPU's fingerprint and calibration, and every measurement happens in the backend's children.
+A worker owns one device. Its parent process never initialises CUDA: every measurement happens in
+the backend's children. A worker starts its measuring child and compile pool first (they are
+kept across tasks), takes the GPU's fingerprint from that child, reuses the device's calibration
+from the store (or calibrates in the same child), and is ready (``ready_s`` in its log line).
 ``serve`` runs the API in its own process and one worker process per local GPU (or one
 interpreter worker without a GPU), restarts a worker that dies, and stops them all on exit.
 """
@@ -89,6 +91,47 @@ def _gpu_fingerprint_and_calibration(device_index: int) -> tuple[DeviceFingerpri
         child.close()
 
 
+def _stored_calibration(factory: Any, device_key: str, max_age_hours: float
+                        ) -> dict[str, Any] | None:
+    """The device's calibration from the store when it is younger than ``max_age_hours``
+    (``TUNER_CALIBRATION_MAX_AGE_HOURS``; 0: never reused), else None: calibrate again."""
+    from datetime import timedelta
+
+    from db import repo
+    from db.models import utcnow
+
+    if max_age_hours <= 0:
+        return None
+    with factory() as session:
+        device = repo.get_device(session, device_key)
+        if (device is None or not device.copy_gbps or device.calibrated_at is None
+                or utcnow() - device.calibrated_at > timedelta(hours=max_age_hours)):
+            return None
+        return {"copy_gbps": device.copy_gbps, "matmul_tflops": device.matmul_tflops,
+                "copy_gbps_spread": device.copy_gbps_spread,
+                "matmul_tflops_spread": device.matmul_tflops_spread,
+                "runs": device.calibration_runs, "reused": True}
+
+
+def _start_measuring(factory: Any, worker: Any, settings: Settings) -> tuple[
+        DeviceFingerprint, dict[str, Any], dict[str, float]]:
+    """Start the worker's measuring child and compile pool (kept for its tasks), take the
+    GPU's fingerprint from that child, and the device's calibration from the store or, when
+    there is none recent, from the same child: no second CUDA start. Returns the fingerprint,
+    the calibration and the seconds each step took."""
+    t0 = time.monotonic()
+    backend = worker.prestart()
+    started = time.monotonic()
+    if backend is None:  # it failed (logged): the first task starts its own
+        fingerprint, calibration = _gpu_fingerprint_and_calibration(worker.device_index)
+        return fingerprint, calibration, {"calibration": time.monotonic() - started}
+    fingerprint = backend.fingerprint
+    stored = _stored_calibration(factory, fingerprint.key, settings.calibration_max_age_hours)
+    calibration = stored if stored is not None else dict(backend.calibrate())
+    return fingerprint, calibration, {"child_and_pool": started - t0,
+                                      "calibration": time.monotonic() - started}
+
+
 def _register_device(factory: Any, fingerprint: DeviceFingerprint,
                      calibration: dict[str, Any], settings: Settings | None = None) -> None:
     """Write the device's row (and calibration); then, with ``settings``, queue the shapes
@@ -99,7 +142,7 @@ def _register_device(factory: Any, fingerprint: DeviceFingerprint,
 
     with factory() as session:
         repo.upsert_device(session, fingerprint.to_dict())
-        if calibration.get("copy_gbps"):
+        if calibration.get("copy_gbps") and not calibration.get("reused"):
             repo.set_calibration(session, fingerprint.key, calibration["copy_gbps"],
                                  calibration.get("matmul_tflops"),
                                  copy_gbps_spread=calibration.get("copy_gbps_spread"),
@@ -146,20 +189,26 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     from tuner.app.dispatch import make_dispatcher
     from tuner.app.worker import Worker
 
+    started = time.monotonic()
     kind = resolve_backend_kind(backend)
     factory = wait_for_database(settings)  # its lines alone on stderr until the database answers
     _log_at_info()
-    if kind == "cuda":
+    worker = Worker(factory, backend_kind=kind, device_key="",
+                    device_index=device_index, lease_seconds=settings.lease_seconds,
+                    poll_seconds=settings.worker_poll_seconds,
+                    compile_workers=compile_workers_for(settings, kind, workers_on_host),
+                    keep_seconds=settings.worker_keep_seconds, settings=settings)
+    steps: dict[str, float] = {}
+    if kind == "cuda" and worker.keeper is not None:
+        fingerprint, calibration, steps = _start_measuring(factory, worker, settings)
+    elif kind == "cuda":  # no child kept: a short-lived one for the fingerprint
         fingerprint, calibration = _gpu_fingerprint_and_calibration(device_index)
     else:
         fingerprint, calibration = interpreter_fingerprint(), {}
         log.warning("no GPU: this worker runs kernels on the Triton CPU interpreter; its "
                     "timings are not GPU timings and are stored under 'interpret:cpu'")
+    worker.device_key = fingerprint.key
     _register_device(factory, fingerprint, calibration, settings)
-    worker = Worker(factory, backend_kind=kind, device_key=fingerprint.key,
-                    device_index=device_index, lease_seconds=settings.lease_seconds,
-                    compile_workers=compile_workers_for(settings, kind, workers_on_host),
-                    keep_seconds=settings.worker_keep_seconds)
     _register_worker(factory, worker.id, fingerprint, kind,
                      device_index if kind == "cuda" else None)
     _stop_on_signals(worker.stopping)
@@ -167,10 +216,15 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     _start_thread("presence", keep_present, factory, fingerprint.key,
                   settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id,
                   settings.worker_health_file or None)
-    log.info("worker %s serving device %s (%s; dispatch: %s)", worker.id, fingerprint.key,
-             kind, dispatcher.name)
     try:
-        worker.prestart()
+        worker.prestart()  # started above on a GPU; on the interpreter, here
+        ready = "".join(f" {k}_s={v:.2f}" for k, v in steps.items())
+        log.info("worker %s serving device %s (%s; dispatch: %s): ready_s=%.2f%s "
+                 "calibration=%s", worker.id, fingerprint.key, kind, dispatcher.name,
+                 time.monotonic() - started, ready,
+                 "reused" if calibration.get("reused") else
+                 "measured" if calibration.get("copy_gbps") else "none")
+        worker.report("idle")
         dispatcher.serve(worker)  # the embedded one runs the reaper beside the worker
     finally:
         dispatcher.close()

@@ -718,21 +718,26 @@ class Worker:
         finally:
             self.close()
 
-    def prestart(self) -> None:
+    def prestart(self) -> Any:
         """Start the measuring child and compile pool now, set up for a tiny problem, so that
-        the first job does not wait for them (imports, CUDA, the pool: ~10 s on the H200).
-        Only with a keeper; a failure is logged and left to the first task to meet."""
+        the first job does not wait for them (imports, CUDA, the pool); the backend, or None
+        without a keeper. Started already: nothing more. A failure is logged and left to the
+        first task to meet (None)."""
         if self.keeper is None:
-            return
+            return None
+        if self.keeper.backend is not None and self.keeper.backend.healthy:
+            return self.keeper.backend
         self.report("starting")
         try:
-            self.keeper.acquire(self.backend_kind, get_kernel("vector_add"), {"N": 4096},
-                                "float32", 0, device_index=self.device_index,
-                                timing=self.timing, compile_workers=self.compile_workers)
+            backend = self.keeper.acquire(
+                self.backend_kind, get_kernel("vector_add"), {"N": 4096}, "float32", 0,
+                device_index=self.device_index, timing=self.timing,
+                compile_workers=self.compile_workers)
             self.keeper.release(ok=True)
+            return backend
         except Exception:  # noqa: BLE001 - the first task opens its own and reports why
             log.exception("worker %s: starting the measuring child ahead failed", self.id)
-        self.report("idle")
+            return None
 
     def close(self) -> None:
         """Close the measuring child kept across tasks (if any)."""

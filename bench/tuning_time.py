@@ -659,6 +659,8 @@ def _service_main(args: argparse.Namespace, command: str) -> int:
             save = Path(args.save)
             save.mkdir(parents=True, exist_ok=True)
             shutil.copy(report["db"], save / "service.db")
+            for log in Path(tmp).glob("*.log"):  # the services' own logs
+                shutil.copy(log, save / log.name)
             report["db"] = str(save / "service.db")
             (save / "report.json").write_text(json.dumps(report, indent=1))
     text = markdown_service(report, command, report["gpu_state"])

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from triton.compiler.errors import CompilationError as TritonCompilationError
 
 from tuner.config import KernelConfig
 from tuner.kernel import Dim, Tolerance
@@ -20,8 +21,20 @@ from tuner.space import Param, SearchSpace
 GOOD, EXIT, HANG, STICKY, WRONG, NAN, COMPILE_HANG, COMPILE_ERROR = range(8)
 
 
-class CompilationError(Exception):
-    """Named like Triton's, so that it is classified as a compile error."""
+class CompilationError(TritonCompilationError):
+    """Triton's own compile error (what the child classifies as one, by its type), with a
+    plain message in place of the source excerpt Triton builds from the kernel's AST."""
+
+    def __init__(self, message: str) -> None:  # Triton's takes (src, node, error_message)
+        Exception.__init__(self, message)
+        self.src, self.node, self.error_message = None, None, message
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.message,)
 
 
 class FaultyKernel:

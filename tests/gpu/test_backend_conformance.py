@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from search_spaces import get_kernel
-from tests.backend_conformance import check_backend
+from tests.backend_conformance import OPTIONAL_PROTOCOLS, check_backend
 from tuner.backends import TimingOptions, open_backend
 from tuner.config import KernelConfig
 
@@ -24,4 +24,4 @@ def test_the_gpus_child_keeps_the_backend_contract():
     bad = KernelConfig(BLOCK=300, PROGRAMS_PER_SM=0, num_warps=4, num_stages=1)  # no pow2
     check_backend(lambda: open_backend("cuda", kernel, shape, dtype, timing=FAST,
                                        compile_workers=0),
-                  kernel.space(), good, bad)
+                  kernel.space(), good, bad, declares=OPTIONAL_PROTOCOLS)

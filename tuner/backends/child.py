@@ -23,6 +23,7 @@ carries the GPU's state (``extra["gpu"]``) on a GPU, and is taken with its optio
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import signal
@@ -64,18 +65,45 @@ def is_sticky(text: str) -> bool:
     return any(marker.lower() in text.lower() for marker in STICKY_CUDA_ERRORS)
 
 
+#: exception types, for ``isinstance``
+ErrorTypes = tuple[type[BaseException], ...]
+
+
+@functools.cache
+def triton_error_types() -> tuple[ErrorTypes, ErrorTypes]:
+    """Triton's own exception types: those meaning the config asks for more than the hardware
+    has (``OutOfResources``), and those meaning it does not compile (``CompilationError``, with
+    its ``CompileTimeAssertionFailure`` and ``UnsupportedLanguageConstruct``, and
+    ``PTXASError``). ``triton.runtime.errors`` and ``triton.compiler.errors`` hold them in
+    Triton 3.6 (the GPU machine's) and 3.9 alike. Without Triton, none (nothing raises them)."""
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:
+        return (), ()
+    return (OutOfResources,), (CompilationError, PTXASError)
+
+
 def classify_exception(exc: BaseException) -> Outcome:
+    """What a config's failure was: by Triton's own exception types; by its text only where a
+    failure reaches us without a type of its own (each such check says which)."""
     from tuner.errors import InvalidConfig
 
     if isinstance(exc, InvalidConfig):  # the kernel's own pruning (prune_configs_by)
         return Outcome.PRUNED
-    name = type(exc).__name__
-    text = f"{name}: {exc}"
-    if "OutOfResources" in name or "out of resource" in text.lower():
+    out_of_resources, compile_errors = triton_error_types()
+    text = f"{type(exc).__name__}: {exc}"
+    # the text: an OutOfResources whose message was re-raised inside another exception (by a
+    # kernel's own launch code) has lost its type
+    if isinstance(exc, out_of_resources) or "out of resource" in text.lower():
         return Outcome.OUT_OF_RESOURCES
+    # no type at all: CUDA's errors reach Python as RuntimeError (torch's, Triton's launcher's)
+    # whose text names the error (STICKY_CUDA_ERRORS)
     if is_sticky(text):
         return Outcome.CRASH
-    if "Compilation" in name or "CompileTimeAssertion" in name or "PTXAS" in text.upper():
+    # the text: a ptxas failure whose message was re-raised inside another exception (a
+    # kernel's launch code, the interpreter's InterpreterError) has lost its PTXASError
+    if isinstance(exc, compile_errors) or "PTXAS" in text.upper():
         return Outcome.COMPILE_ERROR
     return Outcome.CRASH
 

@@ -123,6 +123,8 @@ def with_added_params(table: ReplayTable, space: SearchSpace) -> ReplayTable:
 
 
 def _outcome_of(error: str) -> Outcome:
+    """A recorded failure's outcome. A table holds only the error's text (no exception whose
+    type could be checked: ``child.classify_exception`` does that where one was raised)."""
     return Outcome.OUT_OF_RESOURCES if "OutOfResources" in error else Outcome.COMPILE_ERROR
 
 

@@ -25,6 +25,7 @@ CALIBRATION = {"copy_gbps": 3020.5, "matmul_tflops": 720.1, "copy_gbps_spread": 
 
 class _Backend:
     fingerprint = FP
+    start_seconds = {"child": 2.5, "pool_first": 3.0}
 
     def __init__(self) -> None:
         self.calibrations = 0
@@ -51,7 +52,7 @@ def test_a_fresh_store_is_calibrated_in_the_workers_own_child_then_reused(tmp_pa
     fp, calibration, steps = _start_measuring(factory, first, settings)
     assert fp is FP and first.backend.calibrations == 1
     assert calibration["copy_gbps"] == 3020.5 and not calibration.get("reused")
-    assert set(steps) == {"child_and_pool", "calibration"}
+    assert set(steps) == {"child_and_pool", "child", "pool_first", "calibration"}
     _register_device(factory, fp, calibration)
     with factory() as session:
         calibrated_at = repo.get_device(session, FP.key).calibrated_at

@@ -128,8 +128,9 @@ def _start_measuring(factory: Any, worker: Any, settings: Settings) -> tuple[
     fingerprint = backend.fingerprint
     stored = _stored_calibration(factory, fingerprint.key, settings.calibration_max_age_hours)
     calibration = stored if stored is not None else dict(backend.calibrate())
-    return fingerprint, calibration, {"child_and_pool": started - t0,
-                                      "calibration": time.monotonic() - started}
+    steps = {"child_and_pool": started - t0, **backend.start_seconds,
+             "calibration": time.monotonic() - started}
+    return fingerprint, calibration, steps
 
 
 def _register_device(factory: Any, fingerprint: DeviceFingerprint,

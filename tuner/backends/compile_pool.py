@@ -135,6 +135,8 @@ class _Slot:
     #: the pool's shape generation this process compiles for, and that of its compile now
     generation: int = 0
     config_generation: int = 0
+    #: it said "ready" (loaded the kernel, made its inputs): only then is it given work
+    ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,10 @@ class CompilePool:
                  start_timeout_s: float = 180.0, wait_ready: bool = True) -> None:
         self._args = (kind, kernel_ref, shape, dtype, device_index)
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self._started = time.monotonic()
+        #: seconds from the start to ``wait_ready``'s return, and to the last process ready
+        self.ready_s: float | None = None
+        self.all_ready_s: float | None = None
         self._ctx = mp.get_context("spawn")
         self._slots = [self._spawn() for _ in range(max(1, size))]
         self._queue: deque[KernelConfig] = deque()
@@ -174,22 +180,51 @@ class CompilePool:
     def size(self) -> int:
         return len(self._slots)
 
-    def wait_ready(self) -> None:
-        """Wait for every pool process to load the kernel, then start supervising."""
+    def wait_ready(self, at_least: int | None = None) -> None:
+        """Wait for ``at_least`` pool processes (None: every one) to load the kernel, then
+        start supervising: the others are given work as each says it is ready (a worker's
+        start need not wait for the slowest of its pool's processes). ``ready_s``: seconds
+        from the pool's start to this return; ``all_ready_s``, to its last process ready."""
         if self._thread is not None:
             return
+        wanted = len(self._slots) if at_least is None else max(1, min(at_least,
+                                                                    len(self._slots)))
         try:
-            for slot in self._slots:
-                self._await_ready(slot)
+            while sum(s.ready for s in self._slots) < wanted:
+                pending = [s for s in self._slots if not s.ready]
+                ready = wait([s.conn for s in pending], timeout=self.start_timeout_s)
+                if not ready:
+                    raise RuntimeError("a compile process did not start in time")
+                for slot in pending:
+                    if slot.conn in ready:
+                        self._await_ready(slot)
         except Exception:
             self._closed = True
             for slot in self._slots:
                 _kill(slot.process)
                 slot.conn.close()
             raise
+        self.ready_s = time.monotonic() - self._started
+        self._note_all_ready()
         self._thread = threading.Thread(target=self._supervise, name="tuner-compile-pool",
                                         daemon=True)
         self._thread.start()
+
+    def _note_all_ready(self) -> None:
+        if self.all_ready_s is None and all(s.ready for s in self._slots):
+            self.all_ready_s = time.monotonic() - self._started
+
+    def _collect_starting(self) -> None:
+        """Processes still starting that said ready (or failed: replaced) since last looked."""
+        for slot in self._slots:
+            if slot.ready or not slot.conn.poll(0):
+                continue
+            try:
+                self._await_ready(slot)
+            except RuntimeError as exc:
+                log.error("a compile process failed to start (%s); replacing it", exc)
+                self._replace(slot)
+        self._note_all_ready()
 
     def _spawn(self) -> _Slot:
         parent, child = self._ctx.Pipe()
@@ -208,6 +243,7 @@ class CompilePool:
             raise RuntimeError("a compile process died while starting") from None
         if reply[0] != "ready":
             raise RuntimeError(f"a compile process failed to start: {reply[1]}")
+        slot.ready = True
 
     def submit(self, configs: Iterable[KernelConfig], first: bool = False) -> None:
         """Queue compiles, in order; ``first``: ahead of everything queued (a batch the GPU
@@ -273,6 +309,8 @@ class CompilePool:
                 time.sleep(0.1)
 
     def _step(self) -> None:
+        if self.all_ready_s is None:
+            self._collect_starting()
         self._dispatch()
         busy = [s for s in self._slots if s.config is not None]
         if not busy:
@@ -295,7 +333,7 @@ class CompilePool:
     def _dispatch(self) -> None:
         with self._lock:
             for slot in self._slots:
-                if slot.config is None and self._queue:
+                if slot.ready and slot.config is None and self._queue:
                     slot.config, slot.started = self._queue.popleft(), time.monotonic()
                     slot.config_generation = self._generation
                     try:
@@ -348,6 +386,7 @@ class CompilePool:
         fresh = self._spawn()
         self.pids.append(fresh.process.pid)
         slot.process, slot.conn, slot.generation = fresh.process, fresh.conn, generation
+        slot.ready = False
         try:
             self._await_ready(slot)
         except RuntimeError as exc:  # try again on the next death; the others keep going

@@ -191,10 +191,15 @@ class ProcessBackend:
                                  self.timing.compile_timeout_s, device_index,
                                  self.timing.start_timeout_s,
                                  wait_ready=False) if compile_workers else None
+        t0 = time.monotonic()
         try:
             self._child = self._start()
+            #: seconds the start took: the child (its imports, CUDA, its setup) and, beside
+            #: it, the compile pool's first process (the others join as they are ready)
+            self.start_seconds = {"child": time.monotonic() - t0}
             if self._pool is not None:
-                self._pool.wait_ready()
+                self._pool.wait_ready(at_least=1)
+                self.start_seconds["pool_first"] = self._pool.ready_s or 0.0
         except BaseException:
             if self._pool is not None:
                 self._pool.close()

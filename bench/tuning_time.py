@@ -36,7 +36,9 @@ the 18 token counts as one job of the running service (default budget). ``--save
 the rows and the database, so that ``--references-for DIR`` (a later call: a 96-trial search
 per problem costs minutes) adds the quality column: each problem re-tuned with
 ``--reference-trials`` and every early stop off, its re-timing timing the fast job's stored
-best beside its own finalists in the same child.
+best beside its own finalists in the same child. ``TUNING_TIME_CACHE_DIR``: the services'
+Triton cache (default: a fresh one in the temporary folder), so that a later call's references
+find the binaries the first call compiled.
 """
 
 from __future__ import annotations
@@ -296,6 +298,8 @@ class _Service:
                  extra_env: Mapping[str, str] | None = None) -> None:
         self.port = _free_port()
         env = {**_env(tmp, "service-cache"), "TUNER_DATABASE_URL": db, **(extra_env or {})}
+        if os.environ.get("TUNING_TIME_CACHE_DIR"):  # a Triton cache kept across calls
+            env["TRITON_CACHE_DIR"] = os.environ["TUNING_TIME_CACHE_DIR"]
         cmd = [sys.executable, "-m", "tuner.app.cli", "--db", db, "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--backend", backend, "--workers", "1",
                "--api-workers", "1"]

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -436,7 +436,8 @@ def _sweep_job(client: Any, trials: int, backend: str) -> dict[str, Any]:
 
 
 def add_references(report: dict[str, Any], tmp: str, reference_trials: int,
-                   backend: str = "cuda") -> None:
+                   backend: str = "cuda",
+                   after_each: Callable[[], None] | None = None) -> None:
     """Re-tune each of the report's problems on its store with ``reference_trials`` and every
     early stop off (a forced job): its re-timing times the fast job's stored best (the
     incumbent) beside its own finalists in the same child, so ``vs_reference`` (incumbent /
@@ -458,6 +459,8 @@ def add_references(report: dict[str, Any], tmp: str, reference_trials: int,
                 if best and incumbent:
                     row["vs_reference"] = incumbent / min(best, incumbent)
                 print(json.dumps({"reference": row}), flush=True)
+                if after_each is not None:  # kept as it goes: a long call may be cut off
+                    after_each()
     finally:
         service.stop()
 
@@ -680,10 +683,15 @@ def _references_main(args: argparse.Namespace, command: str) -> int:
     report = json.loads((folder / "report.json").read_text())
     report["db"] = str(folder / "service.db")
     before = gpu_state()
+    report["gpu_state"] += f"; references: before: {before}"
+
+    def save() -> None:
+        (folder / "report.json").write_text(json.dumps(report, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="tuning-time-") as tmp:
-        add_references(report, tmp, args.reference_trials or 96)
-    report["gpu_state"] += f"; references: before: {before}; after: {gpu_state()}"
-    (folder / "report.json").write_text(json.dumps(report, indent=1))
+        add_references(report, tmp, args.reference_trials or 96, after_each=save)
+    report["gpu_state"] += f"; after: {gpu_state()}"
+    save()
     text = markdown_service(report, f"{report['command']}, then `{command}`",
                             report["gpu_state"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

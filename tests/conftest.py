@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
+
+
+#: the fast tier's time budget: a test not in tests/slow_tests.txt that takes longer (its setup
+#: and call, wall time) fails, saying to regenerate the list. TUNER_TEST_BUDGET_S sets it in
+#: seconds (0: off); unset, it is 30 s in a run that leaves the slow tests out (``-m`` naming
+#: ``not slow``: scripts/test.sh --fast) and off otherwise, so that the full suite (CI) never fails
+#: on a loaded machine's slow spell. The fast tier's slowest test took about 5 s on a loaded 2-core
+#: machine.
+BUDGET_ENV = "TUNER_TEST_BUDGET_S"
+DEFAULT_BUDGET_S = 30.0
+_budget_s = pytest.StashKey[float]()
+_setup_s = pytest.StashKey[float]()  # a test's setup time, until its call is reported
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = os.environ.get(BUDGET_ENV, "").strip()
+    if value:
+        config.stash[_budget_s] = float(value)
+    else:
+        fast_tier = "not slow" in (config.option.markexpr or "")
+        config.stash[_budget_s] = DEFAULT_BUDGET_S if fast_tier else 0.0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "setup":
+        item.stash[_setup_s] = report.duration
+        return report
+    budget = item.config.stash.get(_budget_s, 0.0)
+    if report.when != "call" or not report.passed or budget <= 0 \
+            or item.get_closest_marker("slow") is not None:
+        return report
+    took = item.stash.get(_setup_s, 0.0) + report.duration
+    if took > budget:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {took:.1f} s (setup and call), over the fast tier's budget of "
+            f"{budget:g} s ({BUDGET_ENV}), and is not in tests/slow_tests.txt: regenerate the "
+            "list from a full run (.venv/bin/python -m pytest -q --junitxml=/tmp/junit.xml, then "
+            ".venv/bin/python scripts/slow_tests.py /tmp/junit.xml), or make the test faster")
+    return report
 
 
 def _postgres_database() -> Iterator[str]:

@@ -91,6 +91,7 @@ from db.models import ACTIVE, TERMINAL, BestConfig, Device, Job, utcnow
 from search_spaces import get_kernel, kernel_names
 from tuner.config import triton_config_text
 from tuner.kernel import TunableKernel, verification_of
+from tuner.lifecycle import STATUSES
 from tuner.roofline import roofline
 from tuner.settings import Settings
 
@@ -176,7 +177,7 @@ def overview(request: Request, session: SessionDep) -> HTMLResponse:
                  misses_total=sum(miss_counts.values()),
                  misses_active=miss_counts.get("queued", 0) + miss_counts.get("running", 0),
                  lease_seconds=request.app.state.settings.lease_seconds,
-                 statuses=("queued", "running", "succeeded", "failed", "cancelled"))
+                 statuses=STATUSES)
 
 
 @router.get("/jobs", response_class=HTMLResponse)
@@ -190,7 +191,7 @@ def jobs_page(request: Request, session: SessionDep, status: str | None = None,
                  pages=max(1, math.ceil(total / per_page)), status=status or "",
                  kernel=kernel or "", progress={j.id: job_progress(j) for j in jobs},
                  waiting={j.id: _waiting(session, j, request) for j in jobs},
-                 statuses=("queued", "running", "succeeded", "failed", "cancelled"),
+                 statuses=STATUSES,
                  kernels=kernel_names())
 
 
@@ -207,7 +208,7 @@ def job_progress(job: Job) -> dict[str, Any]:
     bests = [t.best_ms for t in tasks if t.best_ms is not None]
     return {"id": job.id, "status": job.status, "trials_done": done, "budget": budget,
             "percent": round(100.0 * used / budget, 1) if budget else 0.0,
-            "tasks_done": sum(t.status in ("succeeded", "failed", "cancelled") for t in tasks),
+            "tasks_done": sum(t.status in TERMINAL for t in tasks),
             "tasks": len(tasks),
             "best_ms": min(bests) if len(tasks) == 1 and bests else None,
             "shapes": [{"id": t.id, "status": t.status, "trials_done": t.trials_done,

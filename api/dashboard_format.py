@@ -18,6 +18,7 @@ from db.models import ACTIVE, BestConfig, Device, Task
 from search_spaces import get_kernel
 from tuner.config import triton_config_text
 from tuner.configs_file import VLLM_NAMES
+from tuner.identity import DeviceKind
 from tuner.kernel import TunableKernel
 
 # -- formatting helpers for the templates ------------------------------------------------------
@@ -82,7 +83,7 @@ def is_interpreter(device_key: str | None, device: Device | None = None) -> bool
     """Whether timings on this device come from Triton's CPU interpreter: not GPU timings, so
     no TFLOP/s, GB/s or ratio to torch means anything there."""
     if device is not None and device.kind:
-        return device.kind == "interpret"
+        return device.kind == DeviceKind.INTERPRET
     return bool(device_key) and str(device_key).startswith("interpret:")
 
 

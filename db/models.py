@@ -33,6 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # home in tuner.lifecycle; imported here for the modules that read it from the models
 from tuner.lifecycle import ACTIVE as ACTIVE
 from tuner.lifecycle import TERMINAL as TERMINAL
+from tuner.lifecycle import Status
 from tuner.timing import DEFAULT_TIMING
 
 #: what a worker is doing (``workers.status``)
@@ -50,7 +51,7 @@ BASES = ("search", "default")
 
 #: the WHERE clause of the partial unique index on ``jobs.request_key``: at most one queued or
 #: running job per request key (identical submissions share it; finished jobs do not count)
-ACTIVE_JOB_WHERE = f"status IN ({', '.join(repr(s) for s in ACTIVE)})"
+ACTIVE_JOB_WHERE = f"status IN ({', '.join(repr(str(s)) for s in ACTIVE)})"
 
 
 def vs_baseline(best_ms: float | None, best_measured: str | None,
@@ -132,7 +133,7 @@ class Job(Base):
     kernel: Mapped[str] = mapped_column(String(100))
     kernel_version: Mapped[str] = mapped_column(String(40))
     dtype: Mapped[str] = mapped_column(String(20))
-    status: Mapped[str] = mapped_column(String(20), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(20), index=True, default=Status.QUEUED)
     #: the device that must run it; None: any worker
     device_key: Mapped[str | None] = mapped_column(String(200))
     backend: Mapped[str] = mapped_column(String(20), default="auto")
@@ -167,7 +168,7 @@ class Task(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     shape: Mapped[dict[str, Any]] = mapped_column(JSON)
     shape_key: Mapped[str] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(20), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(20), index=True, default=Status.QUEUED)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     #: times the task went back to the queue for a fault not its own (its lease expired: the

@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session
 
 from db import repo
 from db.models import BestConfig, Device, Job, Task
-from tuner.identity import same_triton_minor
+from tuner.identity import DeviceKind, same_triton_minor
 
 #: why a stored best is stale: its kernel's source changed since (the registered kernel's
 #: version differs), or its device now runs another Triton minor version
 STALE_REASONS = ("kernel-version", "triton-version")
 #: the device kind whose results come from recorded tables: the service cannot re-tune them
-REPLAY_KIND = "replay"
+REPLAY_KIND = DeviceKind.REPLAY
 #: job results listed on a comparison page (the most recent)
 MAX_TASKS_COMPARED = 200
 

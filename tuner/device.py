@@ -18,12 +18,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tuner.identity import DeviceKind
+
 INTERPRETER_NAME = "Triton interpreter (CPU)"
 
 
 @dataclass(frozen=True)
 class DeviceFingerprint:
-    kind: str  # "cuda" | "interpret" | "replay"
+    kind: DeviceKind
     name: str
     compute_capability: str | None = None
     sm_count: int | None = None
@@ -39,16 +41,16 @@ class DeviceFingerprint:
 
     @property
     def key(self) -> str:
-        if self.kind == "cuda":
+        if self.kind == DeviceKind.CUDA:
             cc = (self.compute_capability or "").replace(".", "")
             return f"cuda:{self.name}:sm{cc}"
-        if self.kind == "interpret":
+        if self.kind == DeviceKind.INTERPRET:
             return "interpret:cpu"
         return f"replay:{self.name}"
 
     @property
     def is_gpu(self) -> bool:
-        return self.kind == "cuda"
+        return self.kind == DeviceKind.CUDA
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "key": self.key}
@@ -63,7 +65,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def interpreter_fingerprint() -> DeviceFingerprint:
-    return DeviceFingerprint(kind="interpret", name=INTERPRETER_NAME,
+    return DeviceFingerprint(kind=DeviceKind.INTERPRET, name=INTERPRETER_NAME,
                              compute_capability=None, sm_count=None, memory_bytes=None,
                              smem_per_block=None, driver_version=platform.machine(),
                              **_versions())
@@ -71,7 +73,7 @@ def interpreter_fingerprint() -> DeviceFingerprint:
 
 def replay_fingerprint(device: str, triton_version: str | None,
                        torch_version: str | None) -> DeviceFingerprint:
-    return DeviceFingerprint(kind="replay", name=device, triton_version=triton_version,
+    return DeviceFingerprint(kind=DeviceKind.REPLAY, name=device, triton_version=triton_version,
                              torch_version=torch_version)
 
 
@@ -82,7 +84,7 @@ def detect_cuda(index: int = 0) -> DeviceFingerprint:
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", None)
     return DeviceFingerprint(
-        kind="cuda", name=props.name, compute_capability=f"{props.major}.{props.minor}",
+        kind=DeviceKind.CUDA, name=props.name, compute_capability=f"{props.major}.{props.minor}",
         sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
         smem_per_block=int(smem) if smem else None, driver_version=_driver_version(),
         uuid=_uuid_of(props), **_versions(),

@@ -11,6 +11,32 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from enum import StrEnum
+
+
+class DeviceKind(StrEnum):
+    """What a device is (``tuner.device.DeviceFingerprint.kind``, the ``devices.kind`` and
+    ``workers.kind`` columns): a CUDA GPU, the Triton CPU interpreter, or a replay table. A
+    ``StrEnum``: each member is the string it names (stored rows and JSON are unchanged)."""
+
+    CUDA = "cuda"
+    INTERPRET = "interpret"
+    REPLAY = "replay"
+
+
+class Match(StrEnum):
+    """How a served config matches the caller's identity (an answer's ``match``), best first:
+    ``EXACT`` (its device, Triton minor and shape), ``NEAREST`` (the nearest tuned shape), then
+    ``OTHER_TRITON`` (another Triton minor), ``OTHER_DEVICE`` (another GPU), ``DEFAULT`` (the
+    kernel's default config) and ``NONE`` (no config at all). The first four are the serving
+    ladder's (``db.repo.bests.LADDER``). A ``StrEnum``: each member is the string it names."""
+
+    EXACT = "exact"
+    NEAREST = "nearest"
+    OTHER_TRITON = "other-triton"
+    OTHER_DEVICE = "other-device"
+    DEFAULT = "default"
+    NONE = "none"
 
 #: the device key of the Triton CPU interpreter (``tuner.device.DeviceFingerprint.key``)
 INTERPRETER_KEY = "interpret:cpu"

@@ -57,6 +57,7 @@ from db import repo, views
 from db.models import BASES
 from search_spaces import get_kernel, kernel_names
 from tuner.errors import InvalidRequest
+from tuner.identity import Match as MatchKind
 from tuner.identity import local_triton_version
 from tuner.kernel import TunableKernel, verification_of
 from tuner.settings import Settings
@@ -125,7 +126,7 @@ def _verification(kernel: LookupKernel) -> str | None:
 def _public(served: repo.Served, kernel: LookupKernel, dtype: str,
             shape: dict[str, int], timing: str = DEFAULT_TIMING) -> ConfigPublic:
     row = served.row
-    distance = None if served.match == "exact" else round(served.distance, 4)
+    distance = None if served.match == MatchKind.EXACT else round(served.distance, 4)
     return ConfigPublic(match=cast(Match, served.match), kernel=kernel.name, dtype=dtype,
                         shape=shape, device=row.device_key, config=row.config, ms=row.p50_ms,
                         tflops=row.tflops, tuned_shape=row.shape, distance=distance,
@@ -180,12 +181,13 @@ def answer_from(group: Group, kernel: LookupKernel, dtype: str, shape: dict[str,
     if served is not None:
         return _public(served, kernel, dtype, shape, timing)
     if isinstance(kernel, ExternalKernel):
-        return ConfigPublic(match="none", kernel=kernel.name, dtype=dtype, shape=shape,
-                            device=device, config={}, kernel_version=kernel.version,
+        return ConfigPublic(match=cast(Match, MatchKind.NONE), kernel=kernel.name, dtype=dtype,
+                            shape=shape, device=device, config={}, kernel_version=kernel.version,
                             verification=CLIENT_MEASUREMENTS_ONLY)
     default = kernel.default_config(shape, dtype).to_dict()
-    return ConfigPublic(match="default", kernel=kernel.name, dtype=dtype, shape=shape,
-                        device=device, config=default, verification=verification_of(kernel))
+    return ConfigPublic(match=cast(Match, MatchKind.DEFAULT), kernel=kernel.name, dtype=dtype,
+                        shape=shape, device=device, config=default,
+                        verification=verification_of(kernel))
 
 
 def _query_shape(request: Request, kernel: LookupKernel, dtype: str) -> dict[str, int]:
@@ -274,7 +276,7 @@ async def get_config(request: Request, response: Response, index: IndexDep,
     group, from_memory = found
     headers = DATABASE_UNAVAILABLE if from_memory else None
     result = answer_from(group, k, dtype, shape, device, triton_version, timing)
-    if result.match in ("default", "none"):
+    if result.match in (MatchKind.DEFAULT, MatchKind.NONE):
         return JSONResponse(result.model_dump(), status_code=404, headers=headers)
     if headers:
         response.headers.update(headers)
@@ -341,7 +343,7 @@ def query_configs(body: ConfigQuery, request: Request, response: Response, sessi
     for item, (k, shape) in zip(body.items, _checked(body.items), strict=True):
         answer = lookup.answer(k, item.dtype, shape, item.device, item.kernel_version,
                                item.triton_version, item.timing)
-        if body.report_misses and (answer.match != "exact" or answer.timing_fallback):
+        if body.report_misses and (answer.match != MatchKind.EXACT or answer.timing_fallback):
             answer.miss = cast(MissOutcome, index.report_miss(session, DeferredMiss(
                 device_key=item.device, kernel=k.name,
                 kernel_version=lookup.key(k, item.dtype, item.kernel_version)[1],

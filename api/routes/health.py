@@ -23,6 +23,7 @@ from db import repo
 from db.engine import opened_file
 from search_spaces import kernel_names, plugin_errors
 from tuner.app.supervision import read_state
+from tuner.lifecycle import Status
 from tuner.settings import Settings
 
 router = APIRouter(tags=["health"])
@@ -71,7 +72,7 @@ def worker_health(session: Session, settings: Settings) -> dict[str, Any]:
     workers = [_worker(w, settings.lease_seconds) for w in repo.list_workers(session)]
     counts = repo.count_tasks_by_status(session)
     return {"devices": devices, "workers": workers, "running": running,
-            "queued_tasks": counts.get("queued", 0)}
+            "queued_tasks": counts.get(Status.QUEUED, 0)}
 
 
 def _worker(row: Any, lease_seconds: float) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from db.models import BASES, BestConfig, Device, utcnow
 from db.repo._common import _changed, _insert_ignoring_conflicts
-from tuner.identity import same_triton_minor
+from tuner.identity import DeviceKind, Match, same_triton_minor
 from tuner.shapes import log_shape, nearest, nearest_logs, shape_key
 from tuner.timing import DEFAULT_TIMING, TIMING_METHODS, check_timing
 
@@ -215,7 +215,7 @@ class Served:
     """The stored best chosen for a caller: how it matches the caller's identity (``exact``,
     ``nearest``, ``other-triton`` or ``other-device``) and the log2 distance of its shape."""
 
-    match: str
+    match: Match
     row: BestConfig
     distance: float
 
@@ -251,7 +251,7 @@ class Step:
     caller's own shape) and which candidates it looks at for a caller, ``admits(candidate,
     device_key, triton_version)``."""
 
-    match: str
+    match: Match
     admits: Callable[[Candidate, str | None, str | None], bool]
 
 
@@ -267,7 +267,7 @@ def _on_device(c: Candidate, device_key: str | None, _triton_version: str | None
 
 def _on_other_gpu(c: Candidate, device_key: str | None, _triton_version: str | None) -> bool:
     # the interpreter's and replayed results are never served for another device
-    return c.device_kind == "cuda" and c.device_key != device_key
+    return c.device_kind == DeviceKind.CUDA and c.device_key != device_key
 
 
 #: The serving ladder, best first: on the caller's device with its Triton minor version
@@ -276,8 +276,8 @@ def _on_other_gpu(c: Candidate, device_key: str | None, _triton_version: str | N
 #: (the caller's GPU is unknown); without a Triton version every version counts as the
 #: caller's. ``climb`` is its one implementation: ``serve_best`` over a list of candidates,
 #: the serving index (``api/serving.py``) over its pools.
-LADDER = (Step("nearest", _on_device_same_minor), Step("other-triton", _on_device),
-          Step("other-device", _on_other_gpu))
+LADDER = (Step(Match.NEAREST, _on_device_same_minor), Step(Match.OTHER_TRITON, _on_device),
+          Step(Match.OTHER_DEVICE, _on_other_gpu))
 
 #: ``members(step, shape key, log shape)``: the candidates a step admits for the caller, or of
 #: them at least those of the exact shape, else those of the nearest shapes
@@ -294,7 +294,7 @@ def climb(members: Members, *, shape: Mapping[str, int], device_key: str | None,
         if found := _closest(members(step, key, logs), key, logs, triton_version):
             row, distance = found
             exact = step is LADDER[0] and row.shape_key == key
-            return Served("exact" if exact else step.match, row, distance)
+            return Served(Match.EXACT if exact else step.match, row, distance)
     return None
 
 
@@ -328,7 +328,7 @@ def _closest(candidates: Sequence[Candidate], key: str, logs: Mapping[str, float
 
 
 #: how good each match is, best first (``serve_timed`` compares answers of two methods)
-MATCH_RANK = {"exact": 0, "nearest": 1, "other-triton": 2, "other-device": 3}
+MATCH_RANK = {Match.EXACT: 0, Match.NEAREST: 1, Match.OTHER_TRITON: 2, Match.OTHER_DEVICE: 3}
 
 
 def serve_timed(serve: Callable[[str], Served | None], timing: str) -> Served | None:
@@ -338,7 +338,7 @@ def serve_timed(serve: Callable[[str], Served | None], timing: str) -> Served | 
     the caller's device timed ``eager-flushed`` beats a nearest shape timed ``cuda-graph``);
     among other methods, the default's first. The caller sees the method in the answer."""
     best = serve(timing)
-    if best is not None and best.match == "exact":
+    if best is not None and best.match == Match.EXACT:
         return best
     for other in sorted((m for m in TIMING_METHODS if m != timing),
                         key=lambda m: m != DEFAULT_TIMING):

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from db.models import WORKER_STATUSES, Device, Job, WorkerRow, utcnow
 from db.repo._common import NotFound, _changed, _changed_row, _insert_ignoring_conflicts, _reloaded
 from db.repo.bests import seconds_since
+from tuner.identity import DeviceKind
+from tuner.lifecycle import Status
 
 # -- devices ----------------------------------------------------------------------------------
 
@@ -75,7 +77,7 @@ def set_calibration(session: Session, device_key: str, copy_gbps: float | None,
 
 def single_gpu_device_key(session: Session) -> str | None:
     """The one real GPU device this service knows, when there is exactly one."""
-    keys = list(session.scalars(select(Device.key).where(Device.kind == "cuda")))
+    keys = list(session.scalars(select(Device.key).where(Device.kind == DeviceKind.CUDA)))
     return keys[0] if len(keys) == 1 else None
 
 
@@ -149,7 +151,7 @@ def waiting_note(session: Session, job: Job, *, now: datetime | None = None, aft
     seconds: a sentence naming the device and the devices known. None otherwise (not queued,
     not waiting that long yet, or a live worker could claim it)."""
     now = now or utcnow()
-    if job.status != "queued" or (seconds_since(job.created_at, now) or 0.0) < after_s:
+    if job.status != Status.QUEUED or (seconds_since(job.created_at, now) or 0.0) < after_s:
         return None
     live = live_device_keys(session, seen_within_s, now)
     if (job.device_key in live) if job.device_key else bool(live):

@@ -16,6 +16,7 @@ from db.repo.bests import BestTimes, write_best
 from db.repo.devices import get_device
 from db.repo.jobs import _follow_job, _reloaded_job, _settle_job
 from tuner.config import config_key
+from tuner.lifecycle import Handback, Status
 from tuner.timing import check_timing
 
 #: how many claim candidates SQLite tries per query (several workers may race for the first)
@@ -55,7 +56,7 @@ def claim_task(session: Session, *, worker_id: str, device_key: str,
 
 def _claim_candidates(session: Session, device_key: str) -> list[int]:
     query = (select(Task.id).join(Job, Task.job_id == Job.id)
-             .where(Task.status == "queued", Job.status.in_(ACTIVE),
+             .where(Task.status == Status.QUEUED, Job.status.in_(ACTIVE),
                     or_(Job.device_key.is_(None), Job.device_key == device_key))
              .order_by(Job.created_at, Task.id))
     if _is_postgres(session):  # rows another claim holds are skipped, not waited for
@@ -67,8 +68,8 @@ def _claim_candidates(session: Session, device_key: str) -> list[int]:
 
 def _lease(session: Session, task_id: int, worker_id: str, lease_seconds: float) -> bool:
     now = utcnow()
-    return _changed(session, update(Task).where(Task.id == task_id, Task.status == "queued")
-                    .values(status="running", attempts=Task.attempts + 1,
+    return _changed(session, update(Task).where(Task.id == task_id, Task.status == Status.QUEUED)
+                    .values(status=Status.RUNNING, attempts=Task.attempts + 1,
                             lease_owner=worker_id,
                             lease_expires_at=now + timedelta(seconds=lease_seconds),
                             started_at=now, error=None))
@@ -89,15 +90,15 @@ def take_task(session: Session, task_id: int, worker_id: str,
     job_active = session.scalar(select(Job.status).where(Job.id == task.job_id)) in ACTIVE
     now = utcnow()
     lease = dict(lease_owner=worker_id, lease_expires_at=now + timedelta(seconds=lease_seconds))
-    if task.status == "queued" and job_active:
+    if task.status == Status.QUEUED and job_active:
         if not _lease(session, task_id, worker_id, lease_seconds):
             return None
-    elif task.status == "running" and job_active:
-        guard = update(Task).where(Task.id == task_id, Task.status == "running",
+    elif task.status == Status.RUNNING and job_active:
+        guard = update(Task).where(Task.id == task_id, Task.status == Status.RUNNING,
                                    Task.requeues == task.requeues)
         if task.requeues + 1 >= MAX_REQUEUES:
             if _changed_row(session, Task, task_id, guard.values(
-                    status="failed", finished_at=now, requeues=Task.requeues + 1,
+                    status=Status.FAILED, finished_at=now, requeues=Task.requeues + 1,
                     lease_owner=None, lease_expires_at=None,
                     error=f"its worker went silent {task.requeues + 1} times (at most "
                           f"{MAX_REQUEUES}: every worker that ran it died or lost the "
@@ -116,16 +117,16 @@ def take_task(session: Session, task_id: int, worker_id: str,
 
 
 def _mark_job_running(session: Session, job_id: str) -> None:
-    if _changed(session, update(Job).where(Job.id == job_id, Job.status == "queued")
-                .values(status="running", started_at=utcnow())):
-        _follow_job(session, job_id, "running", None)
+    if _changed(session, update(Job).where(Job.id == job_id, Job.status == Status.QUEUED)
+                .values(status=Status.RUNNING, started_at=utcnow())):
+        _follow_job(session, job_id, Status.RUNNING, None)
     _reloaded(session, Job, job_id)
 
 
 def start_task_locally(session: Session, task_id: int, worker_id: str) -> Task:
     """Mark a task running for an in-process run (the CLI), without a lease to renew."""
     task = get_task(session, task_id)
-    task.status, task.lease_owner, task.attempts = "running", worker_id, task.attempts + 1
+    task.status, task.lease_owner, task.attempts = Status.RUNNING, worker_id, task.attempts + 1
     task.started_at = utcnow()
     session.flush()
     _mark_job_running(session, task.job_id)
@@ -146,7 +147,7 @@ def renew_lease(session: Session, task_id: int, worker_id: str, lease_seconds: f
     """Extend the lease to ``lease_seconds`` from now. False when the task is no longer this
     worker's: reaped, cancelled, or finished."""
     return _changed_row(session, Task, task_id, update(Task).where(
-        Task.id == task_id, Task.lease_owner == worker_id, Task.status == "running")
+        Task.id == task_id, Task.lease_owner == worker_id, Task.status == Status.RUNNING)
         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))
 
 
@@ -158,9 +159,9 @@ def release_task(session: Session, task_id: int, worker_id: str, why: str | None
     longer this worker's."""
     fault = dict(requeues=Task.requeues + 1, error=why) if why else {}
     return _changed_row(session, Task, task_id, update(Task).where(
-        Task.id == task_id, Task.lease_owner == worker_id, Task.status == "running")
+        Task.id == task_id, Task.lease_owner == worker_id, Task.status == Status.RUNNING)
         # the claim counted this attempt (attempts >= 1 while leased)
-        .values(status="queued", lease_owner=None, lease_expires_at=None,
+        .values(status=Status.QUEUED, lease_owner=None, lease_expires_at=None,
                 attempts=Task.attempts - 1, **fault))
 
 
@@ -180,22 +181,22 @@ def reap_expired(session: Session, now: datetime | None = None) -> int:
     with that task's worker finishing it."""
     now = now or utcnow()
     expired = session.execute(select(Task.id, Task.job_id, Task.requeues)
-                              .where(Task.status == "running",
+                              .where(Task.status == Status.RUNNING,
                                      Task.lease_expires_at.is_not(None),
                                      Task.lease_expires_at < now).order_by(Task.id)).all()
     changed = 0
     failed: list[tuple[int, str]] = []
     for task in expired:
-        guard = update(Task).where(Task.id == task.id, Task.status == "running",
+        guard = update(Task).where(Task.id == task.id, Task.status == Status.RUNNING,
                                    Task.lease_expires_at < now,
                                    Task.requeues == task.requeues)
         released = dict(lease_owner=None, lease_expires_at=None)
         if task.requeues + 1 < MAX_REQUEUES:
             changed += _changed_row(session, Task, task.id, guard.values(
-                status="queued", attempts=Task.attempts - 1, requeues=Task.requeues + 1,
+                status=Status.QUEUED, attempts=Task.attempts - 1, requeues=Task.requeues + 1,
                 **released))
         elif _changed_row(session, Task, task.id, guard.values(
-                status="failed", finished_at=now, requeues=Task.requeues + 1, **released,
+                status=Status.FAILED, finished_at=now, requeues=Task.requeues + 1, **released,
                 error=f"the worker's lease expired {task.requeues + 1} times "
                       f"(at most {MAX_REQUEUES}: every worker that ran it died or lost the "
                       "database); giving up")):
@@ -238,7 +239,7 @@ def keep_best_of_given_up(session: Session, task_id: int) -> bool:
 
 
 #: statuses a worker may finish a task with; "lost" means "not mine any more: change nothing"
-FINISH_STATUSES = (*TERMINAL, "lost")
+FINISH_STATUSES = (*TERMINAL, Handback.LOST)
 
 
 def finish_task(session: Session, task_id: int, status: str, error: str | None = None,
@@ -253,7 +254,7 @@ def finish_task(session: Session, task_id: int, status: str, error: str | None =
     if status not in FINISH_STATUSES:
         raise ValueError(f"task status {status!r}: expected one of {', '.join(FINISH_STATUSES)}")
     task = get_task(session, task_id)
-    if status == "lost":
+    if status == Handback.LOST:
         return task
     guard = update(Task).where(Task.id == task_id, Task.status.in_(ACTIVE))
     if worker_id is not None:
@@ -262,7 +263,7 @@ def finish_task(session: Session, task_id: int, status: str, error: str | None =
                                       lease_owner=None, lease_expires_at=None,
                                       stop_reason=stop_reason[:40] if stop_reason else None,
                                       phases=dict(phases) if phases else None)):
-        if status == "failed":  # given up for good: what it verified is not thrown away
+        if status == Status.FAILED:  # given up for good: what it verified is not thrown away
             keep_best_of_given_up(session, task_id)
         _settle_job(session, task.job_id)
     _reloaded_job(session, task.job_id)
@@ -271,7 +272,7 @@ def finish_task(session: Session, task_id: int, status: str, error: str | None =
 
 def running_tasks(session: Session) -> list[Task]:
     """Tasks a worker holds now, oldest lease first (the health report shows their owners)."""
-    return list(session.scalars(select(Task).where(Task.status == "running")
+    return list(session.scalars(select(Task).where(Task.status == Status.RUNNING)
                                 .order_by(Task.lease_expires_at, Task.id)))
 
 
@@ -284,7 +285,7 @@ def _owned(statement: Any, worker_id: str | None) -> Any:
     """A task UPDATE guarded, with ``worker_id``, by the task running under its lease."""
     if worker_id is None:
         return statement
-    return statement.where(Task.status == "running", Task.lease_owner == worker_id)
+    return statement.where(Task.status == Status.RUNNING, Task.lease_owner == worker_id)
 
 
 def set_task_best(session: Session, task_id: int, ms: float, config: Mapping[str, int], *,

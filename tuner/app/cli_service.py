@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.app.cli_common import DEFAULT_URL, EXIT_BAD_INPUT, EXIT_NO_RESULT
 from tuner.errors import InvalidRequest, InvalidShape
-from tuner.lifecycle import TERMINAL
+from tuner.lifecycle import TERMINAL, Status
 from tuner.shapes import parse_shape, shape_label
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def _wait_for(client: TunerClient, job_id: str, args: argparse.Namespace) -> int
     progress.close()
     page = job_page(client.base_url or "", job["id"])
     _print({**job, "dashboard_url": page}, args, lambda j: _print_job(j, page))
-    return 0 if job["status"] == "succeeded" else EXIT_NO_RESULT
+    return 0 if job["status"] == Status.SUCCEEDED else EXIT_NO_RESULT
 
 
 class _Progress:

@@ -40,6 +40,7 @@ from sqlalchemy.engine import make_url
 
 from db import repo
 from db.engine import normalise_url
+from tuner.lifecycle import Handback
 
 if TYPE_CHECKING:
     from tuner.app.worker import Worker
@@ -295,7 +296,7 @@ def _run_task(context: Any, task_id: int) -> str:
     if task is None:  # finished, cancelled or given up meanwhile: nothing to run
         return "skipped"
     outcome = worker.run_claimed(task_id, abort=context.should_abort)
-    if outcome.status == "requeued" or (outcome.status == "lost"
-                                        and worker.stopping.is_set()):
+    if outcome.status == Handback.REQUEUED or (outcome.status == Handback.LOST
+                                               and worker.stopping.is_set()):
         raise Requeue(f"task {task_id} went back to the queue: {outcome.error or 'stopping'}")
     return outcome.status

@@ -3,12 +3,15 @@ fresh PostgreSQL database: ``any_db_url`` in conftest.py gives one of each per t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import repo
 from db.engine import default_database_url, init_db, make_engine, normalise_url, upgrade
 from db.models import Base, BestConfig, Job, utcnow
+from tuner.job_spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"M": 64, "N": 64, "K": 64}
@@ -218,6 +222,35 @@ def test_an_identical_active_submission_is_found_whatever_the_shape_order(any_db
         repo.cancel_job(s, job.id)
         s.commit()
         assert repo.find_active_duplicate(s, same) is None
+
+
+def _sha256(fields: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+
+
+def test_a_job_spec_is_what_the_job_stores_and_keys_as_before(any_db_url: str):
+    """One value for a submission (``tuner.job_spec.JobSpec``): a job made from it or from its
+    fields is the same, reads back as it, and its request key is the one jobs always had."""
+    factory = init_db(any_db_url)
+    shapes = [SHAPE, {"M": 1, "N": 2, "K": 3}]
+    spec = JobSpec(kernel="matmul", kernel_version="v1", dtype="float16", shapes=shapes,
+                   budget_trials=8, budget_seconds=2.5, strategy="auto", force=True, seed=3,
+                   backend="auto", device_key=H200, timing="eager-hot")
+    with factory() as s:
+        job = repo.create_job(s, spec)
+        assert JobSpec.of(job, [t.shape for t in job.tasks]) == spec
+        assert [t.shape for t in job.tasks] == shapes
+        keyed: list[Any] = ["matmul", "v1", "float16", ["K=3,M=1,N=2", "K=64,M=64,N=64"], 8,
+                            2.5, "auto", "auto", H200]
+        assert job.request_key == spec.request_key() == _sha256([*keyed, "eager-hot"])
+        default = replace(spec, timing="eager-flushed")  # the default timing is not keyed
+        assert default.request_key() == _sha256(keyed)
+        submitted, created = repo.submit_job(s, default)
+        assert created and submitted.request_key == default.request_key()
+        with pytest.raises(TypeError, match="not both"):
+            repo.create_job(s, spec, seed=4)
+        assert JobSpec(**{**vars(spec), "shapes": ()}).search_options() == dict(
+            trials=8, seed=3, strategy="auto", time_budget_s=2.5)
 
 
 def test_jobs_are_listed_newest_first_with_filters_and_a_total(any_db_url: str):

@@ -388,10 +388,14 @@ def test_a_retargeted_backend_measures_another_kernel_in_the_same_child_and_pool
     assert len(pids) == 1
 
 
-def _queue_job(factory: Any, kernel_name: str, dtype: str, shape: dict[str, int]) -> str:
+def _queue_job(factory: Any, kernel_name: str, dtype: str, shape: dict[str, int],
+               version: str | None = None) -> str:
+    """A queued job for the kernel (``version``: of its code; the one loaded here unless
+    given)."""
     kernel = get_kernel(kernel_name)
     with factory() as session:
-        job = repo.create_job(session, kernel=kernel_name, kernel_version=kernel.version,
+        job = repo.create_job(session, kernel=kernel_name,
+                              kernel_version=version or kernel.version,
                               dtype=dtype, shapes=[shape], budget_trials=2, budget_seconds=None,
                               strategy="random", force=True, seed=0, backend="interpret",
                               device_key=None)

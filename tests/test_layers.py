@@ -5,7 +5,7 @@
 - the client library a model's process imports (``tuner.client``, ``tuner.autotune``,
   ``tuner.install()``, configs files) imports no service, store or application module;
 - ``db`` imports only the few value modules of the core it stores (errors, settings, job
-  lifecycle, timing methods, configs, identity, shapes), never ``api`` or the kernels;
+  lifecycle, timing methods, configs, identity, shapes, job specs), never ``api`` or the kernels;
 - ``search_spaces`` (the kernels) know the engine only through its core;
 - ``api`` imports no CLI module;
 - no import cycle runs through the application (the CLI's modules were a circle of four).
@@ -42,8 +42,10 @@ APP = {name for name in MODULES if name == "tuner.app" or name.startswith("tuner
 CLI = {"tuner.app.cli", "tuner.app.cli_commands", "tuner.app.cli_service", "tuner.app.cli_common",
        "tuner.app.sweep", "tuner.app.tune_report"}
 #: the core modules ``db`` may import: values it stores
+#: (``tuner.job_spec``: what a job was submitted for, the one value the route, the CLI, the
+#: repository and the worker share)
 DB_MAY_IMPORT = {"tuner.errors", "tuner.settings", "tuner.lifecycle", "tuner.timing",
-                 "tuner.config", "tuner.identity", "tuner.shapes"}
+                 "tuner.config", "tuner.identity", "tuner.shapes", "tuner.job_spec"}
 
 
 

@@ -103,7 +103,6 @@ from db.repo.jobs import (  # noqa: F401
     ShortJobId,
     _follow_job,
     _insert_job,
-    _job_key,
     _lock_job,
     _reloaded_job,
     _settle_job,

@@ -5,7 +5,6 @@ job's status."""
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -26,7 +25,7 @@ from db.repo._common import (
 )
 from db.repo.bests import get_best
 from db.repo.devices import single_gpu_device_key
-from tuner.lifecycle import Status
+from tuner.job_spec import JobSpec
 from tuner.shapes import shape_key
 from tuner.timing import DEFAULT_TIMING, check_timing
 
@@ -42,15 +41,12 @@ def request_key(*, kernel: str, kernel_version: str, dtype: str,
                 shapes: Sequence[Mapping[str, int]], budget_trials: int,
                 budget_seconds: float | None, strategy: str, backend: str,
                 device_key: str | None, timing: str = DEFAULT_TIMING) -> str:
-    """sha256 (hex) of what makes two submissions the same; shape order does not matter.
-    ``seed`` and ``force`` are left out: a resubmission differing only in them is a duplicate.
-    ``timing`` counts only when it is not the default (the keys of jobs submitted before it
-    existed stay what they were)."""
-    fields: list[Any] = [kernel, kernel_version, dtype, sorted(shape_key(s) for s in shapes),
-                         budget_trials, budget_seconds, strategy, backend, device_key]
-    if timing != DEFAULT_TIMING:
-        fields.append(timing)
-    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+    """The request key of a submission with these fields (``JobSpec.request_key``: ``seed``
+    and ``force`` are not part of it)."""
+    return JobSpec(kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
+                   budget_trials=budget_trials, budget_seconds=budget_seconds,
+                   strategy=strategy, force=False, seed=0, backend=backend,
+                   device_key=device_key, timing=timing).request_key()
 
 
 def unshared_request_key(request_key: str, job_id: str) -> str:
@@ -60,74 +56,60 @@ def unshared_request_key(request_key: str, job_id: str) -> str:
     return hashlib.sha256(f"{request_key}:{job_id}".encode()).hexdigest()
 
 
-def _job_key(kernel: str, kernel_version: str, dtype: str, shapes: Sequence[Mapping[str, int]],
-             budget_trials: int, budget_seconds: float | None, strategy: str, backend: str,
-             device_key: str | None, timing: str = DEFAULT_TIMING, **_: Any) -> str:
-    return request_key(kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
-                       budget_trials=budget_trials, budget_seconds=budget_seconds,
-                       strategy=strategy, backend=backend, device_key=device_key,
-                       timing=timing)
+def _job_spec(spec: JobSpec | None, fields: Mapping[str, Any]) -> JobSpec:
+    """``spec``, or the one its fields make (``create_job(session, kernel=..., ...)``)."""
+    if spec is None:
+        return JobSpec(**fields)
+    if fields:
+        raise TypeError(f"give a job's spec or its fields, not both ({', '.join(fields)})")
+    return spec
 
 
-def _insert_job(session: Session, key: str, kernel: str, kernel_version: str, dtype: str,
-                shapes: Sequence[Mapping[str, int]], budget_trials: int,
-                budget_seconds: float | None, strategy: str, force: bool, seed: int,
-                backend: str, device_key: str | None, timing: str = DEFAULT_TIMING,
-                job_id: str | None = None) -> Job:
+def _insert_job(session: Session, key: str, spec: JobSpec, job_id: str | None = None) -> Job:
     """Insert a queued job and its tasks in a SAVEPOINT (IntegrityError when the partial
     unique index already has an active job with ``key``; the transaction goes on)."""
-    job = Job(id=job_id or uuid.uuid4().hex, kernel=kernel, kernel_version=kernel_version,
-              dtype=dtype, status="queued", device_key=device_key, backend=backend,
-              strategy=strategy, budget_trials=budget_trials, budget_seconds=budget_seconds,
-              force=force, seed=seed, timing=check_timing(timing), request_key=key)
+    check_timing(spec.timing)
+    job = Job(id=job_id or uuid.uuid4().hex, status="queued", request_key=key,
+              **spec.job_columns())
     job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status="queued",
-                      outcome_counts={}) for s in shapes]
+                      outcome_counts={}) for s in spec.shapes]
     _write_transaction(session)
     with session.begin_nested():
         session.add(job)
     return job
 
 
-def create_job(session: Session, *, kernel: str, kernel_version: str, dtype: str,
-               shapes: Sequence[Mapping[str, int]], budget_trials: int,
-               budget_seconds: float | None, strategy: str, force: bool, seed: int,
-               backend: str, device_key: str | None, timing: str = DEFAULT_TIMING) -> Job:
+def create_job(session: Session, spec: JobSpec | None = None, **fields: Any) -> Job:
     """A new queued job with one queued task per shape (in the given order), flushed, even
     when an identical job is active (the CLI runs its own; see ``submit_job`` to share one).
+    ``spec``, or its fields as keywords (``JobSpec``'s: kernel, kernel_version, dtype, shapes,
+    budget_trials, budget_seconds, strategy, force, seed, backend, device_key, timing).
     It gets the submission's request key unless an identical job is active, else
     ``unshared_request_key``: identical submissions are deduplicated to the older job.
     ``timing``: how its configs are timed (``tuner/timing.py``; ValueError for another)."""
-    fields: dict[str, Any] = dict(
-        kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
-        budget_trials=budget_trials, budget_seconds=budget_seconds, strategy=strategy,
-        force=force, seed=seed, backend=backend, device_key=device_key, timing=timing)
-    key = _job_key(**fields)
+    spec = _job_spec(spec, fields)
+    key = spec.request_key()
     try:
-        return _insert_job(session, key, **fields)
+        return _insert_job(session, key, spec)
     except IntegrityError:
         job_id = uuid.uuid4().hex
-        return _insert_job(session, unshared_request_key(key, job_id), **fields, job_id=job_id)
+        return _insert_job(session, unshared_request_key(key, job_id), spec, job_id=job_id)
 
 
-def submit_job(session: Session, *, kernel: str, kernel_version: str, dtype: str,
-               shapes: Sequence[Mapping[str, int]], budget_trials: int,
-               budget_seconds: float | None, strategy: str, force: bool, seed: int,
-               backend: str, device_key: str | None,
-               timing: str = DEFAULT_TIMING) -> tuple[Job, bool]:
-    """The queued or running job identical to this submission (``request_key``) and False, or
-    a new one as ``create_job`` makes it and True. Safe when identical submissions race: the
-    database allows one active job per request key, the insert runs in a SAVEPOINT, and the
-    loser gets the winner's job (PostgreSQL: once the winner commits). Commit soon after."""
-    fields: dict[str, Any] = dict(
-        kernel=kernel, kernel_version=kernel_version, dtype=dtype, shapes=shapes,
-        budget_trials=budget_trials, budget_seconds=budget_seconds, strategy=strategy,
-        force=force, seed=seed, backend=backend, device_key=device_key, timing=timing)
-    key = _job_key(**fields)
+def submit_job(session: Session, spec: JobSpec | None = None,
+               **fields: Any) -> tuple[Job, bool]:
+    """The queued or running job identical to this submission (``spec``, or its fields as
+    keywords; ``JobSpec.request_key``) and False, or a new one as ``create_job`` makes it and
+    True. Safe when identical submissions race: the database allows one active job per request
+    key, the insert runs in a SAVEPOINT, and the loser gets the winner's job (PostgreSQL: once
+    the winner commits). Commit soon after."""
+    spec = _job_spec(spec, fields)
+    key = spec.request_key()
     for attempt in range(_SUBMIT_ATTEMPTS):
         if (existing := find_active_duplicate(session, key)) is not None:
             return existing, False
         try:
-            return _insert_job(session, key, **fields), True
+            return _insert_job(session, key, spec), True
         except IntegrityError:
             # an identical job was inserted first; it is found above unless it already
             # finished (or its transaction rolled back), and then this insert is tried again
@@ -229,13 +211,13 @@ def cancel_job(session: Session, job_id: str) -> Job:
     get_job(session, job_id)
     now = utcnow()
     session.execute(update(Task).where(Task.job_id == job_id, Task.status.in_(ACTIVE))
-                    .values(status=Status.CANCELLED, finished_at=now, lease_owner=None,
+                    .values(status="cancelled", finished_at=now, lease_owner=None,
                             lease_expires_at=None)
                     .execution_options(synchronize_session=False))
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
-                    .values(status=Status.CANCELLED, finished_at=now)
+                    .values(status="cancelled", finished_at=now)
                     .execution_options(synchronize_session=False))
-    _follow_job(session, job_id, Status.CANCELLED, None)
+    _follow_job(session, job_id, "cancelled", None)
     return _reloaded_job(session, job_id)
 
 
@@ -264,11 +246,11 @@ def _settle_job(session: Session, job_id: str) -> None:
     if not statuses or not statuses <= set(TERMINAL):
         return
     error = None
-    if Status.FAILED in statuses:
-        status = Status.FAILED
+    if "failed" in statuses:
+        status = "failed"
         error = "; ".join(f"{t.shape_key}: {t.error}" for t in tasks if t.error)[:4000] or None
     else:
-        status = Status.CANCELLED if Status.CANCELLED in statuses else Status.SUCCEEDED
+        status = "cancelled" if "cancelled" in statuses else "succeeded"
     if _changed_row(session, Job, job_id, update(Job).where(Job.id == job_id,
                                                             Job.status.in_(ACTIVE))
                     .values(status=status, error=error, finished_at=utcnow())):
@@ -290,8 +272,8 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
         if best is None:
             continue
         answered += _changed(session, update(Task).where(Task.id == task.id,
-                                                         Task.status == Status.QUEUED)
-                             .values(status=Status.SUCCEEDED, device_key=device_key,
+                                                         Task.status == "queued")
+                             .values(status="succeeded", device_key=device_key,
                                      timing=best.timing, finished_at=utcnow(),
                                      best_ms=best.p50_ms,
                                      best_config=dict(best.config), error=None,
@@ -307,19 +289,16 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
 # -- a job's misses follow its status ---------------------------------------------------------
 
 #: a miss's status while it has a job in each job status
-_MISS_STATUS_OF_JOB: dict[str, str] = {Status.QUEUED: "queued", Status.RUNNING: "running",
-                                       Status.SUCCEEDED: "tuned", Status.FAILED: "failed",
-                                       Status.CANCELLED: "failed"}
+_MISS_STATUS_OF_JOB = {"queued": "queued", "running": "running", "succeeded": "tuned",
+                       "failed": "failed", "cancelled": "failed"}
 #: statuses of a miss whose job is queued or running
 _MISS_ACTIVE = ("queued", "running")
 
 
 def _follow_job(session: Session, job_id: str, job_status: str, error: str | None) -> None:
     """Misses whose job is queued or running take its new status (only forwards)."""
-    notes: dict[str, str] = {
-        Status.FAILED: f"its job failed: {error}"[:4000] if error else "its job failed",
-        Status.CANCELLED: "its job was cancelled"}
-    note = notes.get(job_status)
+    note = {"failed": f"its job failed: {error}"[:4000] if error else "its job failed",
+            "cancelled": "its job was cancelled"}.get(job_status)
     session.execute(update(Miss).where(Miss.job_id == job_id, Miss.status.in_(_MISS_ACTIVE))
                     .values(status=_MISS_STATUS_OF_JOB[job_status], note=note)
                     .execution_options(synchronize_session=False))

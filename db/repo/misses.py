@@ -15,7 +15,7 @@ from db.repo._common import _changed_row, _insert_ignoring_conflicts, _page
 from db.repo.bests import _matching
 from db.repo.devices import get_device
 from db.repo.jobs import _MISS_STATUS_OF_JOB, submit_job
-from tuner.lifecycle import Status
+from tuner.job_spec import JobSpec
 from tuner.shapes import shape_key
 from tuner.timing import DEFAULT_TIMING, check_timing
 
@@ -78,7 +78,7 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
     job = session.get(Job, miss.job_id, populate_existing=True) if miss.job_id else None
     if job is not None and job.status in ACTIVE:
         return "pending"
-    if job is not None and job.status == Status.SUCCEEDED:
+    if job is not None and job.status == "succeeded":
         return "tuned"
     if job is not None and job.finished_at and now - job.finished_at < MISS_RETRY_AFTER:
         return "failed"
@@ -146,10 +146,10 @@ def _queue_miss(session: Session, miss: Miss, device_key: str, client: str,
                         f"{miss.kernel} has {active} misses queued or running "
                         f"(TUNER_MISS_CAP_PER_KERNEL={limits.cap_per_kernel})")
     # an identical job someone submitted serves the miss as well as a new one would
-    job, created = submit_job(
-        session, kernel=miss.kernel, kernel_version=miss.kernel_version, dtype=miss.dtype,
+    job, created = submit_job(session, JobSpec(
+        kernel=miss.kernel, kernel_version=miss.kernel_version, dtype=miss.dtype,
         shapes=[miss.shape], budget_trials=limits.trials, budget_seconds=None, strategy="auto",
-        backend="auto", device_key=device_key, force=False, seed=0, timing=miss.timing)
+        backend="auto", device_key=device_key, force=False, seed=0, timing=miss.timing))
     mine = dict(queued_by=client, queued_at=now) if created else {}
     if not _changed_row(session, Miss, miss.id, update(Miss).where(
             Miss.id == miss.id, _same_job(miss.job_id))

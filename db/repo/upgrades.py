@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from db.models import ACTIVE, BestConfig, Job, Task
 from db.repo.jobs import submit_job
 from tuner.identity import triton_minor
+from tuner.job_spec import JobSpec
 
 # -- Triton upgrades ----------------------------------------------------------------------------
 
@@ -87,11 +88,11 @@ def queue_upgrade_retunes(session: Session, *, device_key: str, triton_version: 
         for dtype, timing in sorted({(row.dtype, row.timing) for row in due}):
             picked = sorted((row for row in due if (row.dtype, row.timing) == (dtype, timing)),
                             key=lambda row: row.shape_key)
-            job, new_job = submit_job(
-                session, kernel=kernel, kernel_version=version, dtype=dtype,
+            job, new_job = submit_job(session, JobSpec(
+                kernel=kernel, kernel_version=version, dtype=dtype,
                 shapes=[dict(row.shape) for row in picked], budget_trials=trials,
                 budget_seconds=None, strategy="auto", backend="auto", device_key=device_key,
-                force=False, seed=0, timing=timing)
+                force=False, seed=0, timing=timing))
             if new_job:
                 since = ", ".join(sorted({str(triton_minor(row.triton_version))
                                           for row in picked}))

@@ -133,6 +133,7 @@ def _tune_sweep(args: argparse.Namespace) -> int:
 def tune(args: argparse.Namespace) -> int:
     from db import repo
     from tuner.app.worker import execute_task
+    from tuner.job_spec import JobSpec
 
     if getattr(args, "sweep", None):
         return _tune_sweep(args)
@@ -140,11 +141,10 @@ def tune(args: argparse.Namespace) -> int:
     settings = _settings(args)
     factory = _session_factory(settings)
     with factory() as session:
-        job = repo.create_job(session, kernel=kernel.name, kernel_version=kernel.version,
-                              dtype=dtype, shapes=[shape], budget_trials=args.trials,
-                              budget_seconds=args.seconds, strategy=args.strategy, force=True,
-                              seed=args.seed, backend=backend, device_key=None,
-                              timing=args.timing)
+        job = repo.create_job(session, JobSpec(
+            kernel=kernel.name, kernel_version=kernel.version, dtype=dtype, shapes=[shape],
+            budget_trials=args.trials, budget_seconds=args.seconds, strategy=args.strategy,
+            force=True, seed=args.seed, backend=backend, device_key=None, timing=args.timing))
         job_id, task_id = job.id, job.tasks[0].id
         repo.start_task_locally(session, task_id, worker_id=CLI_WORKER)
         session.commit()

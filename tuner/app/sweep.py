@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InvalidRequest, TunerError
+from tuner.job_spec import JobSpec
 from tuner.kernel import TunableKernel
 from tuner.timing import DEFAULT_TIMING, TIMING_METHODS
 
@@ -73,10 +74,10 @@ def run_sweep(factory: Any, kernel: TunableKernel, shapes: Sequence[dict[str, in
 
     started = time.monotonic()
     with factory() as session:
-        job = repo.create_job(session, kernel=kernel.name, kernel_version=kernel.version,
-                              dtype=dtype, shapes=list(shapes), budget_trials=trials,
-                              budget_seconds=seconds, strategy=strategy, force=True, seed=seed,
-                              backend=backend_kind, device_key=None, timing=timing)
+        job = repo.create_job(session, JobSpec(
+            kernel=kernel.name, kernel_version=kernel.version, dtype=dtype, shapes=shapes,
+            budget_trials=trials, budget_seconds=seconds, strategy=strategy, force=True,
+            seed=seed, backend=backend_kind, device_key=None, timing=timing))
         tasks = [(t.id, dict(t.shape)) for t in job.tasks]
         result = SweepResult(job_id=job.id)
         session.commit()

@@ -38,8 +38,8 @@ from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.interpreter_estimate import interpreter_time_budget_s
+from tuner.job_spec import JobSpec
 from tuner.kernel import TunableKernel
-from tuner.lifecycle import Handback, Status
 from tuner.measurement import Measurement
 from tuner.phases import PhaseClock
 from tuner.roofline import roofline
@@ -203,8 +203,9 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
              backend: Any, keeper: BackendKeeper | None, settings: Settings) -> TaskOutcome:
     task_id = run.task_id
     with run.clock.timed("setup"):
-        job_id, kernel, shape, dtype, resume, options_base, wanted = run.store(
-            "reading the task", lambda: _read_task(run, settings))
+        job_id, kernel, shape, spec, resume = run.store(
+            "reading the task", lambda: _read_task(run))
+    dtype, wanted, options_base = spec.dtype, spec.timing, _search_options(spec, settings)
     if options_base["time_budget_s"] is None and backend_kind == "interpret":
         options_base["time_budget_s"] = interpreter_time_budget_s(
             kernel, shape, dtype, options_base["trials"])
@@ -249,38 +250,40 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
     except StoreUnavailable:  # not the task's fault: ``execute_task`` re-queues it
         raise
     except TunerError as exc:
-        return _finish(run, Status.FAILED, None, None, False, str(exc))
+        return _finish(run, "failed", None, None, False, str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever broke, the task must not stay running
         if interrupted_by(exc):  # an interrupt a library turned into its own error
-            _finish(run, Status.CANCELLED, None, None, False, INTERRUPTED)
+            _finish(run, "cancelled", None, None, False, INTERRUPTED)
             raise KeyboardInterrupt from exc
         log.exception("task %s failed unexpectedly", task_id)
         # a database error's text is its SQL statement and parameters: a sentence instead
-        return _finish(run, Status.FAILED, None, None, False, describe(exc, "running the task"))
+        return _finish(run, "failed", None, None, False, describe(exc, "running the task"))
     except KeyboardInterrupt:  # outside the search loop (which ends as "interrupted" itself)
-        _finish(run, Status.CANCELLED, None, None, False, INTERRUPTED)
+        _finish(run, "cancelled", None, None, False, INTERRUPTED)
         raise
 
 
-def _read_task(run: _Run, settings: Settings) -> tuple[str, TunableKernel, dict[str, int], str,
-                                                     list[Measurement], dict[str, Any], str]:
-    """The task's job, kernel, problem, stored trials (to resume from), search options and
-    timing method. The kernel is loaded once the read is over (an import: seconds, a user's
-    module any time)."""
+def _read_task(run: _Run) -> tuple[str, TunableKernel, dict[str, int], JobSpec,
+                                   list[Measurement]]:
+    """The task's job id, kernel, problem, the job's spec (with the task's shape) and the
+    stored trials (to resume from). The kernel is loaded once the read is over (an import:
+    seconds, a user's module any time)."""
     with run.factory() as session:
         task = repo.get_task(session, run.task_id)
         job = task.job
         resume = [_measurement_of(t) for t in repo.trials_for_task(session, run.task_id)]
-        options_base = dict(trials=job.budget_trials, seed=job.seed, strategy=job.strategy,
-                            time_budget_s=job.budget_seconds,
-                            patience=settings.patience or None,
-                            roofline_stop=settings.roofline_stop or None,
-                            stop_chance=settings.stop_chance or None)
-        job_id, kernel_name, shape, dtype = job.id, job.kernel, dict(task.shape), job.dtype
-        timing = job.timing
+        job_id, shape, spec = job.id, dict(task.shape), JobSpec.of(job, [task.shape])
         if task.started_at is not None and job.created_at is not None:
             run.clock.add("queued", max(0.0, (task.started_at - job.created_at).total_seconds()))
-    return job_id, get_kernel(kernel_name), shape, dtype, resume, options_base, timing
+    return job_id, get_kernel(spec.kernel), shape, spec, resume
+
+
+def _search_options(spec: JobSpec, settings: Settings) -> dict[str, Any]:
+    """The search's options from the job (budget, seed, strategy) and the worker's settings
+    (its early-stop rules)."""
+    return dict(spec.search_options(), patience=settings.patience or None,
+                roofline_stop=settings.roofline_stop or None,
+                stop_chance=settings.stop_chance or None)
 
 
 def job_seed(options: dict[str, Any]) -> int:
@@ -390,7 +393,7 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
             result = run_search(kernel, shape, dtype, backend, options,
                                 on_trial=_trial_recorder(run, on_trial), should_stop=stop)
     except WorkerDied as exc:
-        return _finish(run, Status.FAILED, None, fp.key, False, str(exc))
+        return _finish(run, "failed", None, fp.key, False, str(exc))
     finally:
         stop.close()
         if interruptible:
@@ -399,12 +402,12 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
         return _finish(run, stop.status, result, fp.key, False, None)
     if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
         written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
-        return _finish(run, Status.CANCELLED, result, fp.key, written,
+        return _finish(run, "cancelled", result, fp.key, written,
                        f"{INTERRUPTED} after {len(result.trials)} trial(s)", note)
     written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
     error = None if result.best else _no_best_reason(result)
-    status = Status.SUCCEEDED if result.best else Status.FAILED
-    return _finish(run, status, result, fp.key, written, error, note)
+    return _finish(run, "succeeded" if result.best else "failed", result, fp.key, written,
+                   error, note)
 
 
 def _no_best_reason(result: SearchResult) -> str:
@@ -509,8 +512,8 @@ def _finish(run: _Run, status: str, result: SearchResult | None, device_key: str
     run.store(f"finishing task {run.task_id} as {status}", write)
     if error:
         log.warning("task %s %s: %s", run.task_id, status, error)
-    return TaskOutcome(run.task_id, status, result,
-                       None if status == Handback.LOST else device_key, stored, error, note)
+    return TaskOutcome(run.task_id, status, result, None if status == "lost" else device_key,
+                       stored, error, note)
 
 
 def _lost(run: _Run, why: str) -> TaskOutcome:
@@ -522,9 +525,8 @@ def _lost(run: _Run, why: str) -> TaskOutcome:
 
     status = run.store("reading the task's status", read)
     log.warning("task %s: %s", run.task_id, why)
-    return TaskOutcome(run.task_id,
-                       Status.CANCELLED if status == Status.CANCELLED else Handback.LOST,
-                       None, None, False, why)
+    return TaskOutcome(run.task_id, "cancelled" if status == "cancelled" else "lost", None,
+                       None, False, why)
 
 
 def _requeue(run: _Run, why: str) -> TaskOutcome:
@@ -542,7 +544,7 @@ def _requeue(run: _Run, why: str) -> TaskOutcome:
         released = False
     log.warning("task %s requeued (%s): %s", run.task_id,
                 "released" if released else "left to its lease", why)
-    return TaskOutcome(run.task_id, Handback.REQUEUED, None, None, False, why)
+    return TaskOutcome(run.task_id, "requeued", None, None, False, why)
 
 
 #: how far past its time budget a task's measurement in flight (or its finalists' re-timing)
@@ -571,7 +573,7 @@ class _StopCheck:
     def __init__(self, run: _Run, job_id: str, heartbeat: Callable[[], bool] | None) -> None:
         self.run, self.job_id = run, job_id
         self.heartbeat = heartbeat
-        self.status: str = Status.CANCELLED
+        self.status = "cancelled"
         self.stopped = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -607,13 +609,13 @@ class _StopCheck:
                 status, owner = task.status, task.lease_owner
         except Exception:
             if not alive:  # stopping, or the lease is gone: the row only says which
-                return Handback.LOST
+                return "lost"
             raise
-        if status == Status.CANCELLED:  # also where the heartbeat (or a dispatcher's abort) saw it
-            return Status.CANCELLED
+        if status == "cancelled":  # also where the heartbeat (or a dispatcher's abort) saw it
+            return "cancelled"
         if not alive or (self.run.worker_id is not None
-                         and (status, owner) != (Status.RUNNING, self.run.worker_id)):
-            return Handback.LOST
+                         and (status, owner) != ("running", self.run.worker_id)):
+            return "lost"
         return None
 
     def close(self) -> None:
@@ -679,7 +681,7 @@ class Worker:
             raise
         finally:
             beat.stop()
-        if outcome.status == Handback.LOST and self.stopping.is_set():
+        if outcome.status == "lost" and self.stopping.is_set():
             self._release(task_id)
         if outcome.error and "died" in outcome.error:
             self.healthy = False

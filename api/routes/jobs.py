@@ -39,8 +39,10 @@ from db import repo
 from db.models import BASES, MEASURED, Job, Task
 from db.transient import retry_within
 from tuner.errors import InvalidRequest
+from tuner.identity import DeviceKind
 from tuner.job_spec import JobSpec
 from tuner.kernel import TunableKernel
+from tuner.lifecycle import Status
 from tuner.settings import DatabaseBounds, Settings
 from tuner.timing import TIMING_METHODS
 
@@ -110,7 +112,7 @@ def only_interpreter(session: Session, body: JobCreate, settings: Settings) -> b
         return False
     live = repo.live_device_keys(session, settings.lease_seconds)
     kinds = {d.key: d.kind for d in repo.list_devices(session)}
-    return bool(live) and all(kinds.get(key, "") == "interpret" for key in live)
+    return bool(live) and all(kinds.get(key, "") == DeviceKind.INTERPRET for key in live)
 
 
 def gpu_memory_for(session: Session, body: JobCreate, settings: Settings) -> int | None:
@@ -118,10 +120,11 @@ def gpu_memory_for(session: Session, body: JobCreate, settings: Settings) -> int
     largest of the live GPU workers' devices; None when unknown (no GPU registered yet)."""
     if body.device is not None:
         device = repo.get_device(session, body.device)
-        return device.memory_bytes if device is not None and device.kind == "cuda" else None
+        return (device.memory_bytes if device is not None and device.kind == DeviceKind.CUDA
+                else None)
     live = repo.live_device_keys(session, settings.lease_seconds)
     sizes = [d.memory_bytes for d in repo.list_devices(session)
-             if d.key in live and d.kind == "cuda" and d.memory_bytes]
+             if d.key in live and d.kind == DeviceKind.CUDA and d.memory_bytes]
     return max(sizes) if sizes else None
 
 
@@ -195,7 +198,7 @@ def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep,
     answered = 0 if body.force else repo.answer_tuned_tasks(session, job)
     session.commit()
     dispatcher_of(request.app).enqueue_job(job.id)
-    if job.status == "succeeded":
+    if job.status == Status.SUCCEEDED:
         response.status_code = 200
     return JobCreated(id=job.id, status=job.status, url=job_url(job.id),
                       answered_from_store=answered)

@@ -26,6 +26,7 @@ from db.repo._common import (
 from db.repo.bests import get_best
 from db.repo.devices import single_gpu_device_key
 from tuner.job_spec import JobSpec
+from tuner.lifecycle import Status
 from tuner.shapes import shape_key
 from tuner.timing import DEFAULT_TIMING, check_timing
 
@@ -211,13 +212,13 @@ def cancel_job(session: Session, job_id: str) -> Job:
     get_job(session, job_id)
     now = utcnow()
     session.execute(update(Task).where(Task.job_id == job_id, Task.status.in_(ACTIVE))
-                    .values(status="cancelled", finished_at=now, lease_owner=None,
+                    .values(status=Status.CANCELLED, finished_at=now, lease_owner=None,
                             lease_expires_at=None)
                     .execution_options(synchronize_session=False))
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
-                    .values(status="cancelled", finished_at=now)
+                    .values(status=Status.CANCELLED, finished_at=now)
                     .execution_options(synchronize_session=False))
-    _follow_job(session, job_id, "cancelled", None)
+    _follow_job(session, job_id, Status.CANCELLED, None)
     return _reloaded_job(session, job_id)
 
 
@@ -246,11 +247,11 @@ def _settle_job(session: Session, job_id: str) -> None:
     if not statuses or not statuses <= set(TERMINAL):
         return
     error = None
-    if "failed" in statuses:
-        status = "failed"
+    if Status.FAILED in statuses:
+        status = Status.FAILED
         error = "; ".join(f"{t.shape_key}: {t.error}" for t in tasks if t.error)[:4000] or None
     else:
-        status = "cancelled" if "cancelled" in statuses else "succeeded"
+        status = Status.CANCELLED if Status.CANCELLED in statuses else Status.SUCCEEDED
     if _changed_row(session, Job, job_id, update(Job).where(Job.id == job_id,
                                                             Job.status.in_(ACTIVE))
                     .values(status=status, error=error, finished_at=utcnow())):
@@ -272,8 +273,8 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
         if best is None:
             continue
         answered += _changed(session, update(Task).where(Task.id == task.id,
-                                                         Task.status == "queued")
-                             .values(status="succeeded", device_key=device_key,
+                                                         Task.status == Status.QUEUED)
+                             .values(status=Status.SUCCEEDED, device_key=device_key,
                                      timing=best.timing, finished_at=utcnow(),
                                      best_ms=best.p50_ms,
                                      best_config=dict(best.config), error=None,
@@ -289,16 +290,19 @@ def answer_tuned_tasks(session: Session, job: Job) -> int:
 # -- a job's misses follow its status ---------------------------------------------------------
 
 #: a miss's status while it has a job in each job status
-_MISS_STATUS_OF_JOB = {"queued": "queued", "running": "running", "succeeded": "tuned",
-                       "failed": "failed", "cancelled": "failed"}
+_MISS_STATUS_OF_JOB: dict[str, str] = {Status.QUEUED: "queued", Status.RUNNING: "running",
+                                       Status.SUCCEEDED: "tuned", Status.FAILED: "failed",
+                                       Status.CANCELLED: "failed"}
 #: statuses of a miss whose job is queued or running
 _MISS_ACTIVE = ("queued", "running")
 
 
 def _follow_job(session: Session, job_id: str, job_status: str, error: str | None) -> None:
     """Misses whose job is queued or running take its new status (only forwards)."""
-    note = {"failed": f"its job failed: {error}"[:4000] if error else "its job failed",
-            "cancelled": "its job was cancelled"}.get(job_status)
+    notes: dict[str, str] = {
+        Status.FAILED: f"its job failed: {error}"[:4000] if error else "its job failed",
+        Status.CANCELLED: "its job was cancelled"}
+    note = notes.get(job_status)
     session.execute(update(Miss).where(Miss.job_id == job_id, Miss.status.in_(_MISS_ACTIVE))
                     .values(status=_MISS_STATUS_OF_JOB[job_status], note=note)
                     .execution_options(synchronize_session=False))

@@ -16,6 +16,7 @@ from db.repo.bests import _matching
 from db.repo.devices import get_device
 from db.repo.jobs import _MISS_STATUS_OF_JOB, submit_job
 from tuner.job_spec import JobSpec
+from tuner.lifecycle import Status
 from tuner.shapes import shape_key
 from tuner.timing import DEFAULT_TIMING, check_timing
 
@@ -78,7 +79,7 @@ def report_miss(session: Session, *, device_key: str | None, kernel: str,
     job = session.get(Job, miss.job_id, populate_existing=True) if miss.job_id else None
     if job is not None and job.status in ACTIVE:
         return "pending"
-    if job is not None and job.status == "succeeded":
+    if job is not None and job.status == Status.SUCCEEDED:
         return "tuned"
     if job is not None and job.finished_at and now - job.finished_at < MISS_RETRY_AFTER:
         return "failed"

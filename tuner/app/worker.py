@@ -40,6 +40,7 @@ from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.interpreter_estimate import interpreter_time_budget_s
 from tuner.job_spec import JobSpec
 from tuner.kernel import TunableKernel
+from tuner.lifecycle import Handback, Status
 from tuner.measurement import Measurement
 from tuner.phases import PhaseClock
 from tuner.roofline import roofline
@@ -250,16 +251,16 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
     except StoreUnavailable:  # not the task's fault: ``execute_task`` re-queues it
         raise
     except TunerError as exc:
-        return _finish(run, "failed", None, None, False, str(exc))
+        return _finish(run, Status.FAILED, None, None, False, str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever broke, the task must not stay running
         if interrupted_by(exc):  # an interrupt a library turned into its own error
-            _finish(run, "cancelled", None, None, False, INTERRUPTED)
+            _finish(run, Status.CANCELLED, None, None, False, INTERRUPTED)
             raise KeyboardInterrupt from exc
         log.exception("task %s failed unexpectedly", task_id)
         # a database error's text is its SQL statement and parameters: a sentence instead
-        return _finish(run, "failed", None, None, False, describe(exc, "running the task"))
+        return _finish(run, Status.FAILED, None, None, False, describe(exc, "running the task"))
     except KeyboardInterrupt:  # outside the search loop (which ends as "interrupted" itself)
-        _finish(run, "cancelled", None, None, False, INTERRUPTED)
+        _finish(run, Status.CANCELLED, None, None, False, INTERRUPTED)
         raise
 
 
@@ -393,7 +394,7 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
             result = run_search(kernel, shape, dtype, backend, options,
                                 on_trial=_trial_recorder(run, on_trial), should_stop=stop)
     except WorkerDied as exc:
-        return _finish(run, "failed", None, fp.key, False, str(exc))
+        return _finish(run, Status.FAILED, None, fp.key, False, str(exc))
     finally:
         stop.close()
         if interruptible:
@@ -402,12 +403,12 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
         return _finish(run, stop.status, result, fp.key, False, None)
     if result.stop_reason == "interrupted":  # keep what was verified, end the job cancelled
         written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
-        return _finish(run, "cancelled", result, fp.key, written,
+        return _finish(run, Status.CANCELLED, result, fp.key, written,
                        f"{INTERRUPTED} after {len(result.trials)} trial(s)", note)
     written, note = _store_best(run, kernel, shape, dtype, fp, result, stored)
     error = None if result.best else _no_best_reason(result)
-    return _finish(run, "succeeded" if result.best else "failed", result, fp.key, written,
-                   error, note)
+    status = Status.SUCCEEDED if result.best else Status.FAILED
+    return _finish(run, status, result, fp.key, written, error, note)
 
 
 def _no_best_reason(result: SearchResult) -> str:
@@ -512,8 +513,8 @@ def _finish(run: _Run, status: str, result: SearchResult | None, device_key: str
     run.store(f"finishing task {run.task_id} as {status}", write)
     if error:
         log.warning("task %s %s: %s", run.task_id, status, error)
-    return TaskOutcome(run.task_id, status, result, None if status == "lost" else device_key,
-                       stored, error, note)
+    return TaskOutcome(run.task_id, status, result,
+                       None if status == Handback.LOST else device_key, stored, error, note)
 
 
 def _lost(run: _Run, why: str) -> TaskOutcome:
@@ -525,8 +526,9 @@ def _lost(run: _Run, why: str) -> TaskOutcome:
 
     status = run.store("reading the task's status", read)
     log.warning("task %s: %s", run.task_id, why)
-    return TaskOutcome(run.task_id, "cancelled" if status == "cancelled" else "lost", None,
-                       None, False, why)
+    return TaskOutcome(run.task_id,
+                       Status.CANCELLED if status == Status.CANCELLED else Handback.LOST,
+                       None, None, False, why)
 
 
 def _requeue(run: _Run, why: str) -> TaskOutcome:
@@ -544,7 +546,7 @@ def _requeue(run: _Run, why: str) -> TaskOutcome:
         released = False
     log.warning("task %s requeued (%s): %s", run.task_id,
                 "released" if released else "left to its lease", why)
-    return TaskOutcome(run.task_id, "requeued", None, None, False, why)
+    return TaskOutcome(run.task_id, Handback.REQUEUED, None, None, False, why)
 
 
 #: how far past its time budget a task's measurement in flight (or its finalists' re-timing)
@@ -573,7 +575,7 @@ class _StopCheck:
     def __init__(self, run: _Run, job_id: str, heartbeat: Callable[[], bool] | None) -> None:
         self.run, self.job_id = run, job_id
         self.heartbeat = heartbeat
-        self.status = "cancelled"
+        self.status: str = Status.CANCELLED
         self.stopped = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -609,13 +611,13 @@ class _StopCheck:
                 status, owner = task.status, task.lease_owner
         except Exception:
             if not alive:  # stopping, or the lease is gone: the row only says which
-                return "lost"
+                return Handback.LOST
             raise
-        if status == "cancelled":  # also where the heartbeat (or a dispatcher's abort) saw it
-            return "cancelled"
+        if status == Status.CANCELLED:  # also where the heartbeat (or a dispatcher's abort) saw it
+            return Status.CANCELLED
         if not alive or (self.run.worker_id is not None
-                         and (status, owner) != ("running", self.run.worker_id)):
-            return "lost"
+                         and (status, owner) != (Status.RUNNING, self.run.worker_id)):
+            return Handback.LOST
         return None
 
     def close(self) -> None:
@@ -681,7 +683,7 @@ class Worker:
             raise
         finally:
             beat.stop()
-        if outcome.status == "lost" and self.stopping.is_set():
+        if outcome.status == Handback.LOST and self.stopping.is_set():
             self._release(task_id)
         if outcome.error and "died" in outcome.error:
             self.healthy = False

@@ -447,6 +447,36 @@ def test_a_prestarted_worker_runs_its_first_task_in_the_child_it_started(tmp_pat
         worker.close()
 
 
+def test_a_task_of_a_job_for_another_kernel_version_fails_at_once_storing_nothing(tmp_path):
+    """A job submitted for another version of a kernel's code (a service or client running
+    other code) is not tuned and stored under this worker's version: its task fails before any
+    child starts, naming both versions and what to do."""
+    from tuner.app.worker import Worker
+
+    factory = init_db(f"sqlite:///{tmp_path / 'version.db'}")
+    mine = get_kernel("softmax").version
+    job_id = _queue_job(factory, "softmax", "float32", {"M": 3, "N": 10}, version="0ld5ource")
+    worker = Worker(factory, backend_kind="interpret", device_key="interpret:cpu",
+                    compile_workers=0, keep_seconds=60.0)
+    try:
+        outcome = worker.run_once()
+        assert worker.keeper is not None and worker.keeper.opened == 0  # no child started
+    finally:
+        worker.close()
+    assert outcome is not None and outcome.status == "failed" and not outcome.stored
+    error = outcome.error or ""
+    assert "version 0ld5ource" in error and f"version {mine}" in error
+    assert "Submit the job again" in error
+    with factory() as session:
+        job = repo.get_job(session, job_id)
+        [task] = job.tasks
+        assert (job.status, task.status) == ("failed", "failed")
+        assert task.error == error and "0ld5ource" in (job.error or "")
+        assert repo.trials_for_task(session, task.id) == []
+        assert repo.list_best(session) == []
+        assert task.trials_done == 0 and task.best_config is None
+
+
 def test_a_kept_backend_is_dropped_after_a_failed_task_and_when_idle():
     from tests.fakes.faulty import KERNEL
     from tuner.app.worker import BackendKeeper
@@ -516,7 +546,11 @@ def test_a_sweeps_later_shapes_compile_fewer_configs_than_its_first(tmp_path):
     assert [o.status for _s, o, _w in result.outcomes] == ["succeeded"] * 3
     assert result.backends_opened == 1
     with factory() as session:
-        phases = [dict(t.phases or {}) for t in repo.get_job(session, result.job_id).tasks]
+        tasks = repo.get_job(session, result.job_id).tasks
+        phases = [dict(t.phases or {}) for t in tasks]
+        compile_s = [t.compile_s for task in tasks for t in repo.trials_for_task(session, task.id)]
+    # a reused compile's trial keeps the child's own compile time (its load), never 0 or None
+    assert compile_s and all(s is not None and s > 0 for s in compile_s), compile_s
     compiled = [int(p.get("compiled_ahead", 0)) for p in phases]
     reused = [int(p.get("reused_compiles", 0)) for p in phases]
     assert compiled[0] >= 4 and reused[0] == 0

@@ -142,6 +142,8 @@ class _Slot:
 @dataclass(frozen=True)
 class Compiled:
     config: KernelConfig
+    #: the compile's seconds; negative: taken from an earlier problem of the same
+    #: specialisation (``ProcessBackend``), no compile of its own
     seconds: float
     failure: Measurement | None  # None: in the cache, ready to time
 

@@ -400,7 +400,7 @@ class ProcessBackend:
                 known = self._take_known(config)
                 if known is None:
                     continue
-                compiled = replace(known, seconds=0.0)
+                compiled = replace(known, seconds=-1.0)  # no compile of its own (below)
             if _decisive(compiled.failure):
                 wanted.discard(config)
                 done(compiled.failure)  # type: ignore[arg-type]
@@ -432,7 +432,9 @@ class ProcessBackend:
                 compiled = ready.popleft()
                 wanted.discard(compiled.config)
                 m = self._measure_one(compiled.config)
-                done(replace(m, compile_s=compiled.seconds))
+                # a config compiled ahead: the pool's compile time; one compiled for an
+                # earlier problem: the child's own (its load from the cache)
+                done(replace(m, compile_s=compiled.seconds) if compiled.seconds >= 0 else m)
         return [results[c] for c in configs]
 
     def _measure_one(self, config: KernelConfig) -> Measurement:

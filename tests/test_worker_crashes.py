@@ -191,6 +191,7 @@ def test_a_worker_killed_mid_batch_keeps_every_finished_trial(any_db_url, tmp_pa
         _kill(proc.pid)
         for _key, pid in measuring:  # the hung child (until children die with their parent)
             _kill(pid)
+        proc.stdout.close()
     finished = [key for key, _pid in measuring[:-1]]
     with factory() as session:
         trials = repo.trials_for_task(session, task_id)
@@ -286,6 +287,8 @@ def test_a_killed_parent_takes_its_compile_pool_and_measuring_child_along():
     finally:
         for pid in pids:
             _kill(pid)
+        proc.stdin.close()
+        proc.stdout.close()
 
 
 #: a parent whose child arms only the watch thread (as where prctl is missing)
@@ -312,6 +315,7 @@ def test_without_prctl_the_watch_thread_ends_a_child_whose_parent_died():
         assert _gone_within([pid], 5.0) == []
     finally:
         _kill(pid)
+        proc.stdout.close()
 
 
 # -- 6. a worker's GPU is the one CUDA_VISIBLE_DEVICES lists at its index; workers report -------

@@ -72,7 +72,7 @@ def test_the_fast_tier_fails_an_unlisted_test_over_its_budget_naming_the_script(
     result = project.runpytest("-m", "not slow")
     result.assert_outcomes(passed=2, failed=3, deselected=1)
     result.stdout.fnmatch_lines([
-        "*test_tiers.py::test_slow_unlisted took * s (setup and call), over the fast tier's "
+        "*test_tiers.py::test_slow_unlisted took * s, over the fast tier's "
         "budget of 0.1 s (TUNER_TEST_BUDGET_S), and is not in tests/slow_tests.txt*",
         "*scripts/slow_tests.py /tmp/junit.xml*"])
     failed = {line.split()[1] for line in result.stdout.lines if line.startswith("FAILED")}

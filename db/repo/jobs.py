@@ -70,9 +70,9 @@ def _insert_job(session: Session, key: str, spec: JobSpec, job_id: str | None = 
     """Insert a queued job and its tasks in a SAVEPOINT (IntegrityError when the partial
     unique index already has an active job with ``key``; the transaction goes on)."""
     check_timing(spec.timing)
-    job = Job(id=job_id or uuid.uuid4().hex, status="queued", request_key=key,
+    job = Job(id=job_id or uuid.uuid4().hex, status=Status.QUEUED, request_key=key,
               **spec.job_columns())
-    job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status="queued",
+    job.tasks = [Task(shape=dict(s), shape_key=shape_key(s), status=Status.QUEUED,
                       outcome_counts={}) for s in spec.shapes]
     _write_transaction(session)
     with session.begin_nested():

@@ -31,6 +31,7 @@ from tuner.app.best_decision import (  # noqa: F401 (also re-exported for the ol
     decide_best,
     stored_best,
 )
+from tuner.app.prestart import start_measuring
 from tuner.backends import TimingOptions, open_backend
 from tuner.backends.base import use_timing
 from tuner.backends.process import ProcessBackend
@@ -143,6 +144,14 @@ class BackendKeeper:
                 raise
         return self.backend
 
+    def adopt(self, backend: Any) -> None:
+        """Keep ``backend``, opened elsewhere (a worker's start opens it before anything else,
+        ``tuner.app.service.run_worker``), as if acquired and released by a task."""
+        self.discard()
+        self.backend = backend
+        self.opened += 1
+        self.idle_since = time.monotonic()
+
     def release(self, ok: bool) -> None:
         """The task is over: keep the backend for the next one when it ended cleanly and is
         healthy, else close it."""
@@ -206,6 +215,8 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
     with run.clock.timed("setup"):
         job_id, kernel, shape, spec, resume = run.store(
             "reading the task", lambda: _read_task(run))
+    if (mismatch := kernel_version_mismatch(job_id, spec, kernel)) is not None:
+        return _finish(run, Status.FAILED, None, None, False, mismatch)
     dtype, wanted, options_base = spec.dtype, spec.timing, _search_options(spec, settings)
     if options_base["time_budget_s"] is None and backend_kind == "interpret":
         options_base["time_budget_s"] = interpreter_time_budget_s(
@@ -285,6 +296,20 @@ def _search_options(spec: JobSpec, settings: Settings) -> dict[str, Any]:
     return dict(spec.search_options(), patience=settings.patience or None,
                 roofline_stop=settings.roofline_stop or None,
                 stop_chance=settings.stop_chance or None)
+
+
+def kernel_version_mismatch(job_id: str, spec: JobSpec, kernel: TunableKernel) -> str | None:
+    """Why this worker must not run a task of the job, when the job was submitted for another
+    version of the kernel's code than the one it loads (the service or client that submitted
+    it runs other code): its configs would be tuned on, and stored for, code the request was
+    not made against. None when the versions agree."""
+    if spec.kernel_version == kernel.version:
+        return None
+    return (f"job {job_id} was submitted for {kernel.name} version {spec.kernel_version}, but "
+            f"this worker's {kernel.name} is version {kernel.version} (its code differs): "
+            "nothing was tuned or stored. Submit the job again to tune the code the service "
+            f"runs now, or run it on a worker whose {kernel.name} is version "
+            f"{spec.kernel_version}")
 
 
 def job_seed(options: dict[str, Any]) -> int:
@@ -735,12 +760,9 @@ class Worker:
             return self.keeper.backend
         self.report("starting")
         try:
-            backend = self.keeper.acquire(
-                self.backend_kind, get_kernel("vector_add"), {"N": 4096}, "float32", 0,
-                device_index=self.device_index, timing=self.timing,
-                compile_workers=self.compile_workers)
-            self.keeper.release(ok=True)
-            return backend
+            self.keeper.adopt(start_measuring(self.backend_kind, self.device_index,
+                                              self.timing, self.compile_workers))
+            return self.keeper.backend
         except Exception:  # noqa: BLE001 - the first task opens its own and reports why
             log.exception("worker %s: starting the measuring child ahead failed", self.id)
             return None

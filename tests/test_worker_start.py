@@ -37,6 +37,7 @@ class _Backend:
 
 class _Worker:
     device_index = 0
+    keeper = None  # the backend is not started ahead of _start_measuring here
 
     def __init__(self) -> None:
         self.backend = _Backend()

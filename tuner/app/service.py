@@ -113,6 +113,48 @@ def _stored_calibration(factory: Any, device_key: str, max_age_hours: float
                 "runs": device.calibration_runs, "reused": True}
 
 
+def _start_first(settings: Settings, kind: str, device_index: int,
+                 compile_workers: int | None) -> tuple[Any, dict[str, Any]]:
+    """The worker's measuring child and compile pool, started first (this thread spawns them:
+    it outlives them), while another thread reaches the store (``wait_for_database``: its
+    lines alone on stderr until the database answers) and imports the worker's modules.
+    Returns the backend (None: not kept, or it failed to start: logged, the first task starts
+    its own) and ``{"factory": the store's session factory, "child_and_pool": seconds,
+    "store": seconds}``. An error reaching the store (a URL that can never work) is raised
+    here, after the backend is closed."""
+    from tuner.app.prestart import start_measuring
+
+    reached: dict[str, Any] = {}
+
+    def reach() -> None:
+        t0 = time.monotonic()
+        try:
+            reached["factory"] = wait_for_database(settings)
+            import tuner.app.worker  # noqa: F401 - imported here, beside the child's start
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            reached["error"] = exc
+        reached["store"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=reach, name="reach-store", daemon=True)
+    thread.start()
+    early, t0 = None, time.monotonic()
+    if settings.worker_keep_seconds > 0 and kind != "replay":
+        try:
+            early = start_measuring(kind, device_index, compile_workers=compile_workers)
+        except Exception:  # noqa: BLE001 - the first task starts its own and says why
+            log.exception("starting the measuring child failed")
+    opened = time.monotonic() - t0
+    thread.join()
+    if "error" in reached:
+        if early is not None:
+            early.close()
+        raise reached["error"]
+    steps = {"factory": reached["factory"], "store": reached["store"]}
+    if early is not None:
+        steps["child_and_pool"] = opened
+    return early, steps
+
+
 def _start_measuring(factory: Any, worker: Any, settings: Settings) -> tuple[
         DeviceFingerprint, dict[str, Any], dict[str, float]]:
     """Start the worker's measuring child and compile pool (kept for its tasks), take the
@@ -120,6 +162,7 @@ def _start_measuring(factory: Any, worker: Any, settings: Settings) -> tuple[
     there is none recent, from the same child: no second CUDA start. Returns the fingerprint,
     the calibration and the seconds each step took."""
     t0 = time.monotonic()
+    had = worker.keeper is not None and worker.keeper.backend is not None
     backend = worker.prestart()
     started = time.monotonic()
     if backend is None:  # it failed (logged): the first task starts its own
@@ -128,7 +171,7 @@ def _start_measuring(factory: Any, worker: Any, settings: Settings) -> tuple[
     fingerprint = backend.fingerprint
     stored = _stored_calibration(factory, fingerprint.key, settings.calibration_max_age_hours)
     calibration = stored if stored is not None else dict(backend.calibrate())
-    steps = {"child_and_pool": started - t0, **backend.start_seconds,
+    steps = {**({} if had else {"child_and_pool": started - t0}), **backend.start_seconds,
              "calibration": time.monotonic() - started}
     return fingerprint, calibration, steps
 
@@ -187,21 +230,25 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     that process is gone (``serve`` passes its own pid so that no worker outlives it).
     ``workers_on_host``: GPU workers sharing this machine's cores (``serve`` passes its count):
     each compiles ahead on its share (``TUNER_COMPILE_WORKERS`` overrides it)."""
+    started = time.monotonic()
+    kind = resolve_backend_kind(backend)
+    compile_workers = compile_workers_for(settings, kind, workers_on_host)
+    early, steps = _start_first(settings, kind, device_index, compile_workers)
     from tuner.app.dispatch import make_dispatcher
     from tuner.app.worker import Worker
 
-    started = time.monotonic()
-    kind = resolve_backend_kind(backend)
-    factory = wait_for_database(settings)  # its lines alone on stderr until the database answers
     _log_at_info()
+    factory = steps.pop("factory")
     worker = Worker(factory, backend_kind=kind, device_key="",
                     device_index=device_index, lease_seconds=settings.lease_seconds,
                     poll_seconds=settings.worker_poll_seconds,
-                    compile_workers=compile_workers_for(settings, kind, workers_on_host),
+                    compile_workers=compile_workers,
                     keep_seconds=settings.worker_keep_seconds, settings=settings)
-    steps: dict[str, float] = {}
+    if early is not None and worker.keeper is not None:
+        worker.keeper.adopt(early)
     if kind == "cuda" and worker.keeper is not None:
-        fingerprint, calibration, steps = _start_measuring(factory, worker, settings)
+        fingerprint, calibration, measured = _start_measuring(factory, worker, settings)
+        steps.update(measured)
     elif kind == "cuda":  # no child kept: a short-lived one for the fingerprint
         fingerprint, calibration = _gpu_fingerprint_and_calibration(device_index)
     else:

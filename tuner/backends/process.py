@@ -178,8 +178,8 @@ class ProcessBackend:
         #: long as the backend lives: a later problem of the same specialisation (a sweep's
         #: next shape, a worker's next task) takes them instead of compiling again
         self._compiled_for: dict[Any, dict[KernelConfig, Compiled]] = {}
-        self._known = self._compiled_for.setdefault(
-            specialisation_key(kernel_ref, shape, dtype), {})
+        self._known_problem: Any = None
+        self._known_now: dict[KernelConfig, Compiled] = {}
         #: compiles finished ahead of their batch (``prefetch``), and those still queued
         self._compiled: dict[KernelConfig, Compiled] = {}
         self._ahead: set[KernelConfig] = set()
@@ -314,8 +314,6 @@ class ProcessBackend:
         self._compiled.clear()
         self._ahead.clear()
         self._pending = []
-        self._known = self._compiled_for.setdefault(
-            specialisation_key(self.kernel_ref, self.shape, self.dtype), {})
         if self._pool is not None:
             self._pool.retarget(self.shape, self.dtype, self.kernel_ref)
         try:
@@ -350,6 +348,18 @@ class ProcessBackend:
         self._ahead.discard(compiled.config)
         self._compiled[compiled.config] = compiled
         self._remember(compiled)
+
+    @property
+    def _known(self) -> dict[KernelConfig, Compiled]:
+        """The compiles kept for this problem's specialisation (``specialisation_key``),
+        found when first needed: finding it loads the kernel here, which the start of the
+        child and the pool must not wait for."""
+        problem = (self.kernel_ref, self.dtype, tuple(sorted(self.shape.items())))
+        if problem != self._known_problem:
+            self._known_now = self._compiled_for.setdefault(
+                specialisation_key(self.kernel_ref, self.shape, self.dtype), {})
+            self._known_problem = problem
+        return self._known_now
 
     def _remember(self, compiled: Compiled) -> None:
         """A compile the pool finished for this problem: counted (``compile_ahead_cpu``,

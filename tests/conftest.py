@@ -73,6 +73,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     return report
 
 
+@pytest.fixture(autouse=True)
+def _close_tuner_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every ``TunerClient`` a test makes is closed when it ends (but the one ``tuner.autotune``
+    still shares): a client's open connection, left to the garbage collector, is a
+    ResourceWarning in whichever later test the collection falls, and warnings are errors."""
+    from tuner import autotuning
+    from tuner.client import TunerClient
+
+    made: list[TunerClient] = []  # held, so that none is collected before it is closed
+    init = TunerClient.__init__
+
+    def recorded(self: TunerClient, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(TunerClient, "__init__", recorded)
+    yield
+    for client in made:
+        if client is not autotuning._client:
+            client.close()
+
+
 def _postgres_database() -> Iterator[str]:
     assert POSTGRES_URL is not None
     admin_url = POSTGRES_URL.rsplit("/", 1)[0] + "/postgres"

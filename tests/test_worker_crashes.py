@@ -36,25 +36,25 @@ def _only_task(factory: Any) -> Any:
 def test_an_interrupted_tune_stores_its_best_so_far_and_cancels_the_job(any_db_url, tmp_path,
                                                                         sig):
     factory = init_db(any_db_url)
-    out = open(tmp_path / "tune.out", "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.app.cli", "--db", any_db_url, "tune", "matmul",
-         "--shape", "M=32,N=32,K=32", "--dtype", "float16", "--backend", "interpret",
-         "--trials", "500", "--no-progress"],
-        # the "no expected gain" stop off: the search must still be running when interrupted
-        cwd=ROOT, env=interpreter_env(TUNER_STOP_CHANCE="0"), stdout=out,
-        stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        # a verified trial is in the database: there is a best to keep
-        wait_for(lambda: (t := _only_task(factory)) is not None and t.best_ms is not None,
-                 proc)
-        proc.send_signal(sig)
-        assert proc.wait(timeout=120) == 130
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    out.seek(0)
-    printed = out.read()
+    with open(tmp_path / "tune.out", "w+") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.app.cli", "--db", any_db_url, "tune", "matmul",
+             "--shape", "M=32,N=32,K=32", "--dtype", "float16", "--backend", "interpret",
+             "--trials", "500", "--no-progress"],
+            # the "no expected gain" stop off: the search must still be running when interrupted
+            cwd=ROOT, env=interpreter_env(TUNER_STOP_CHANCE="0"), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            # a verified trial is in the database: there is a best to keep
+            wait_for(lambda: (t := _only_task(factory)) is not None and t.best_ms is not None,
+                     proc)
+            proc.send_signal(sig)
+            assert proc.wait(timeout=120) == 130
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        printed = out.read()
     task = _only_task(factory)
     with factory() as session:
         job = repo.get_job(session, task.job_id)
@@ -367,30 +367,30 @@ def test_the_gpu_count_honours_cuda_visible_devices(visible, count, tmp_path, mo
 def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
     factory = init_db(any_db_url)
     task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
-    log = open(tmp_path / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker", "--backend",
-                             "interpret"], cwd=ROOT,
-                            env=interpreter_env(TUNER_DATABASE_URL=any_db_url,
-                                                TUNER_STOP_CHANCE="0"),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker", "--backend",
+                                 "interpret"], cwd=ROOT,
+                                env=interpreter_env(TUNER_DATABASE_URL=any_db_url,
+                                                    TUNER_STOP_CHANCE="0"),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def row() -> Any:
-        with factory() as session:
-            rows = [w for w in repo.list_workers(session) if w.pid == proc.pid]
-            return rows[0] if rows else None
+        def row() -> Any:
+            with factory() as session:
+                rows = [w for w in repo.list_workers(session) if w.pid == proc.pid]
+                return rows[0] if rows else None
 
-    try:
-        busy = wait_for(lambda: (w := row()) is not None and w.status == "busy" and w, proc)
-        assert (busy.task_id, busy.kind, busy.device_key) == (task_id, "interpret",
-                                                              "interpret:cpu")
-        assert busy.gpu_index is None and busy.gpu_uuid is None
-        with factory() as session:
-            assert repo.get_task(session, task_id).lease_owner == busy.id
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            busy = wait_for(lambda: (w := row()) is not None and w.status == "busy" and w, proc)
+            assert (busy.task_id, busy.kind, busy.device_key) == (task_id, "interpret",
+                                                                  "interpret:cpu")
+            assert busy.gpu_index is None and busy.gpu_uuid is None
+            with factory() as session:
+                assert repo.get_task(session, task_id).lease_owner == busy.id
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
     stopped = row()
     assert stopped.status == "stopped" and stopped.task_id is None
 

@@ -137,6 +137,8 @@ class _Slot:
     config_generation: int = 0
     #: it said "ready" (loaded the kernel, made its inputs): only then is it given work
     ready: bool = False
+    #: it failed to start after supervision began: never given work (nor started again)
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class CompilePool:
         from the pool's start to this return; ``all_ready_s``, to its last process ready."""
         if self._thread is not None:
             return
-        wanted = len(self._slots) if at_least is None else max(1, min(at_least,
+        wanted = len(self._slots) if at_least is None else max(0, min(at_least,
                                                                     len(self._slots)))
         try:
             while sum(s.ready for s in self._slots) < wanted:
@@ -212,20 +214,30 @@ class CompilePool:
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def broken(self) -> bool:
+        """Every process failed to start: nothing will ever be compiled here (the backend's
+        child compiles instead)."""
+        return all(s.failed for s in self._slots)
+
     def _note_all_ready(self) -> None:
-        if self.all_ready_s is None and all(s.ready for s in self._slots):
+        if self.all_ready_s is None and all(s.ready or s.failed for s in self._slots):
             self.all_ready_s = time.monotonic() - self._started
 
     def _collect_starting(self) -> None:
-        """Processes still starting that said ready (or failed: replaced) since last looked."""
+        """Processes still starting that said ready (or failed) since last looked. One that
+        failed is not started again: what failed it (the kernel's import, its inputs) would
+        fail the next one too."""
         for slot in self._slots:
-            if slot.ready or not slot.conn.poll(0):
+            if slot.ready or slot.failed or not slot.conn.poll(0):
                 continue
             try:
                 self._await_ready(slot)
             except RuntimeError as exc:
-                log.error("a compile process failed to start (%s); replacing it", exc)
-                self._replace(slot)
+                log.error("a compile process failed to start (%s); the GPU child compiles "
+                          "what it would have", exc)
+                slot.failed = True
+                _kill(slot.process)
         self._note_all_ready()
 
     def _spawn(self) -> _Slot:

@@ -186,20 +186,21 @@ class ProcessBackend:
         self._pending: list[KernelConfig] = []  # to compile ahead behind the next batch
         if compile_workers is None:  # the interpreter has nothing to compile ahead
             compile_workers = default_pool_size() if kind == "cuda" else 0
-        # The pool's processes start (import torch, load the kernel) while the child does.
-        self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers,
-                                 self.timing.compile_timeout_s, device_index,
-                                 self.timing.start_timeout_s,
-                                 wait_ready=False) if compile_workers else None
+        # The child starts alone (its CUDA start would queue behind the pool's: measured on an
+        # H100, the child of a 15-process pool started beside it was ready with the pool's
+        # processes, after 5-12 s); then the pool's processes start and are given work as
+        # each is ready, while the backend is already in use.
+        self._pool: CompilePool | None = None
         t0 = time.monotonic()
         try:
             self._child = self._start()
-            #: seconds the start took: the child (its imports, CUDA, its setup) and, beside
-            #: it, the compile pool's first process (the others join as they are ready)
+            #: seconds the start took: the child (its imports, CUDA, its setup)
             self.start_seconds = {"child": time.monotonic() - t0}
-            if self._pool is not None:
-                self._pool.wait_ready(at_least=1)
-                self.start_seconds["pool_first"] = self._pool.ready_s or 0.0
+            if compile_workers:
+                self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers,
+                                         self.timing.compile_timeout_s, device_index,
+                                         self.timing.start_timeout_s, wait_ready=False)
+                self._pool.wait_ready(at_least=0)
         except BaseException:
             if self._pool is not None:
                 self._pool.close()
@@ -395,7 +396,7 @@ class ProcessBackend:
             if on_result is not None:
                 on_result(m)
 
-        if self._pool is None:
+        if self._pool is None or self._pool.broken:
             for config in unique:
                 done(self._measure_one(config))
             return [results[c] for c in configs]

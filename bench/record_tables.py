@@ -253,6 +253,7 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
     """Measure every distinct kernel of the kernel's whole space on ``shape`` (seeded random
     order; with ``sample``, the first ``sample`` of that order: a uniform random sample) and
     return the table, its file name and a summary line."""
+    from tuner.backends.base import preferred_batch
     from tuner.backends.process import ProcessBackend
     from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext
 
@@ -276,7 +277,7 @@ def record_shape(kernel: Any, shape: Shape, dtype: str, timing: Any, limit_s: fl
         log(f"[{label}] {len(configs)} configs ({len(pruned)} that the constraints would "
             f"prune) of the space's {distinct} distinct kernels ({len(whole)} configs) on "
             f"{fp.name}, limit {limit_s:.0f} s")
-        size = batch or max(8, 4 * int(getattr(backend, "preferred_batch", 1)))
+        size = batch or max(8, 4 * preferred_batch(backend))
         measured, stopped = measure_space(backend, configs, limit_s, t0, label, size, log)
     finally:
         backend.close()

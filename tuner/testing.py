@@ -49,6 +49,7 @@ from tuner.config import KernelConfig
 from tuner.dtypes import DTYPES
 from tuner.kernel import (
     OutputCheck,
+    listed_configs_hook,
     load_ref,
     missing_members,
     output_check_of,
@@ -273,7 +274,7 @@ def check_configs(case: Case) -> Iterator[str]:
         return
     default = kernel.default_config(shape, dtype)
     known = kernel.known_good_configs(shape, dtype)
-    lister = getattr(kernel, "listed_configs", None)  # optional (tuner.Kernel's user list)
+    lister = listed_configs_hook(kernel)  # optional (tuner.Kernel's user list)
     listed: list[KernelConfig] = list(lister(shape, dtype)) if callable(lister) else []
     for what, config in [("default", default), *(("known-good", c) for c in known),
                          *(("listed", c) for c in listed)]:

@@ -93,7 +93,7 @@ def run_sweep(factory: Any, kernel: TunableKernel, shapes: Sequence[dict[str, in
                                 compile_workers, result)
             outcome = execute_task(factory, task_id, backend_kind=backend_kind,
                                    worker_id=SWEEP_WORKER, backend=backend)
-            if outcome.result is None or not getattr(backend, "healthy", True):
+            if outcome.result is None or not backend.healthy:
                 backend.close()  # it may be dead: the next shape gets a fresh one
                 backend = None
             wall = time.monotonic() - t0
@@ -109,10 +109,13 @@ def run_sweep(factory: Any, kernel: TunableKernel, shapes: Sequence[dict[str, in
 
 def _open(open_backend: Any, kind: str, kernel: TunableKernel, shape: dict[str, int],
           dtype: str, seed: int, compile_workers: int | None, result: SweepResult) -> Any:
+    from tuner.backends.process import ProcessBackend
+
     backend = open_backend(kind, kernel, shape, dtype, seed=seed,
                            compile_workers=compile_workers)
     result.backends_opened += 1
-    result.child_pids += list(getattr(backend, "child_pids", []))
+    if isinstance(backend, ProcessBackend):  # the GPU children it started
+        result.child_pids += list(backend.child_pids)
     return backend
 
 

@@ -33,14 +33,14 @@ from tuner.app.best_decision import (  # noqa: F401 (also re-exported for the ol
 )
 from tuner.app.prestart import start_measuring
 from tuner.backends import TimingOptions, open_backend
-from tuner.backends.base import use_timing
+from tuner.backends.base import Interruptible, Retargetable, use_timing
 from tuner.backends.process import ProcessBackend
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
 from tuner.errors import TunerError, WorkerDied, interrupted_by
 from tuner.interpreter_estimate import interpreter_time_budget_s
 from tuner.job_spec import JobSpec
-from tuner.kernel import TunableKernel
+from tuner.kernel import TunableKernel, listed_configs_hook
 from tuner.lifecycle import Handback, Status
 from tuner.measurement import Measurement
 from tuner.phases import PhaseClock
@@ -227,7 +227,7 @@ def _execute(run: _Run, backend_kind: str, replay_table: ReplayTable | None,
     clean = False  # the kept backend ended the task in a known state
     try:
         with run.clock.timed("setup"):
-            if shared and hasattr(backend, "targets") and not backend.targets(
+            if shared and isinstance(backend, Retargetable) and not backend.targets(
                     kernel.ref, shape, dtype, seed):
                 backend.retarget(shape, kernel_ref=kernel.ref, dtype=dtype, seed=seed)
             elif kept:
@@ -401,8 +401,8 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
     # kernel can pass (8192^3 bf16 on the H200: a stream_k config 3% faster than the config
     # at 97% of it where the search had stopped after 4 trials): there the roofline stop
     # waits for the model stop's minimum of trials; the copy bandwidth is a real ceiling
-    listed_configs = getattr(kernel, "listed_configs", None)  # optional: a user's list
-    listed = list(listed_configs(shape, dtype)) if callable(listed_configs) else []
+    listed_configs = listed_configs_hook(kernel)  # optional: a user's list
+    listed = list(listed_configs(shape, dtype)) if listed_configs is not None else []
     options = SearchOptions(**options_base, warm_start=warm, resume=resume, listed=listed,
                             floor_ms=roof.floor_ms if roof else None,
                             roofline_min_trials=(DEFAULT_STOP_MIN_TRIALS
@@ -410,7 +410,7 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
                             incumbent=incumbent, default=kernel.default_config(shape, dtype))
     # the backend stops a measurement in flight when the task must stop (a cancel: within
     # about CANCEL_POLL_S, not after a long compile or the finalists' re-timing)
-    interruptible = hasattr(backend, "interrupt")
+    interruptible = isinstance(backend, Interruptible)
     if interruptible:
         backend.interrupt = _with_deadline(stop, options.time_budget_s)
     stop.start()

@@ -67,7 +67,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         pass
     from tuner.backends.child import classify_exception
     from tuner.device import visible_device_for
-    from tuner.kernel import compile_inputs_for, load_ref
+    from tuner.kernel import compile_hook, compile_inputs_for, load_ref
 
     try:
         if kind == "interpret":
@@ -77,7 +77,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         kernel = load_ref(kernel_ref)
 
         def load(shape: dict[str, int]) -> tuple[Any, dict[str, Any]]:
-            compile_fn = getattr(kernel, "compile", None)  # without it, the GPU child compiles
+            compile_fn = compile_hook(kernel)  # without it, the GPU child compiles
             if compile_fn is None:
                 return None, {}
             device = "cuda" if kind == "cuda" else "cpu"

@@ -356,7 +356,7 @@ def ready_line(log: str) -> dict[str, Any]:
     if not found:
         return {}
     steps = dict(re.findall(r"(\w+)_s=([\d.]+)", found.group(2)))
-    return {"ready_s": float(found.group(1)), "calibration": found.group(3),
+    return {"ready_s": float(found.group(1)), "calibrated": found.group(3),
             **{k: float(v) for k, v in steps.items()}}
 
 
@@ -495,13 +495,12 @@ def _start_text(name: str, start: Mapping[str, Any] | None) -> str:
     if not start:
         return f"- {name}: not measured"
     steps = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in start.items()
-                      if k not in ("wall_s", "ready_s", "calibration")
-                      and isinstance(v, (int, float)))
+                      if k not in ("wall_s", "ready_s") and isinstance(v, (int, float)))
     met = "met" if start["wall_s"] <= TARGET_READY_S_33 else "missed"
     return (f"- {name}: **{start['wall_s']:.1f} s** from the command to an idle worker "
             f"({met} the {TARGET_READY_S_33:.0f} s target); the worker's own count from its "
-            f"process start: {_fmt(start.get('ready_s'), '.2f')} s ({steps}; calibration "
-            f"{start.get('calibration', '-')})")
+            f"process start: {_fmt(start.get('ready_s'), '.2f')} s ({steps}; the calibration "
+            f"{start.get('calibrated', '-')})")
 
 
 def markdown_service(report: Mapping[str, Any], command: str, gpu_state: str = "") -> str:

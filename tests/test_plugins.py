@@ -117,10 +117,10 @@ def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "TRITON_INTERPRET": "1", "TUNER_DATA_DIR": str(tmp_path),
            "TUNER_DATABASE_URL": ""}
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "serve", "--port", str(port),
-                             "--backend", "interpret"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "serve.log", "wb") as log:  # the child writes to its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "serve", "--port",
+                                 str(port), "--backend", "interpret"], cwd=tmp_path, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
 
 

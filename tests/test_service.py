@@ -66,12 +66,12 @@ def test_a_worker_stopped_by_sigterm_requeues_its_task_with_its_trials(tmp_path:
     # search runs to its 2000-trial budget: the stop lands mid-search however slow the machine
     # (with them on, a slow CI machine once saw the search end before the stop landed)
     task_id = queue_task(factory, {"M": 64, "N": 64, "K": 64}, 2000)
-    log = open(tmp_path / "worker.log", "wb")
     no_early_stop = {"TUNER_STOP_CHANCE": "0", "TUNER_PATIENCE": "0", "TUNER_ROOFLINE_STOP": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker", "--backend",
-                             "interpret"],
-                            env=interpreter_env(TUNER_DATABASE_URL=db_url, **no_early_stop),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "worker.log", "wb") as log:  # the child writes to its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.app.cli", "worker", "--backend",
+                                 "interpret"],
+                                env=interpreter_env(TUNER_DATABASE_URL=db_url, **no_early_stop),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: _task(factory, task_id).trials_done >= 1, proc, timeout=180)
         proc.send_signal(signal.SIGTERM)

@@ -567,6 +567,9 @@ def test_shapes_of_other_specialisations_share_no_compiles():
     assert len(set(same)) == 1  # M keeps its residue mod 256: one binary per config
     assert specialisation_key(ref, {"M": 100, "N": 4096, "K": 4096}, "float16") != same[0]
     assert specialisation_key(ref, {"M": 512, "N": 4096, "K": 4096}, "bfloat16") != same[0]
+    # a kernel that does not load here is keyed by its problem itself: nothing shared, no error
+    lost = [specialisation_key("no_such_module:KERNEL", {"N": n}, "float32") for n in (512, 1024)]
+    assert lost[0] != lost[1]
 
 
 # -- bench/tuning_time.py's table ----------------------------------------------------------------

@@ -27,7 +27,7 @@ from tuner.backends.compile_pool import Compiled, CompilePool, default_pool_size
 from tuner.config import KernelConfig
 from tuner.device import DeviceFingerprint
 from tuner.errors import InvalidRequest, MeasuringStopped, WorkerDied
-from tuner.kernel import compile_shape_for, load_ref
+from tuner.kernel import compile_shape_for, load_ref, optional_hook
 from tuner.measurement import Measurement, Outcome
 from tuner.phases import PhaseClock
 from tuner.space import SearchSpace
@@ -138,11 +138,14 @@ def specialisation_key(kernel_ref: str, shape: dict[str, int], dtype: str
     kernel without a ``compile_shape`` (or one that fails to load here) is keyed by its shape
     itself: nothing is shared."""
     try:
-        small = compile_shape_for(load_ref(kernel_ref), shape, dtype)
+        kernel = load_ref(kernel_ref)
+        # a user's kernel compiles on stand-ins of its own (compile_inputs): nothing shared
+        small = (None if optional_hook(kernel, "compile_inputs") is not None
+                 else compile_shape_for(kernel, shape, dtype))
     except Exception:  # noqa: BLE001 - only a missed saving: the problem itself is the key
         small = None
-    if small is None or hasattr(load_ref(kernel_ref), "compile_inputs"):
-        small = {"<shape>": 0, **shape}  # stand-ins of a user's kernel: nothing shared
+    if small is None:
+        small = {"<shape>": 0, **shape}
     return kernel_ref, dtype, tuple(sorted(small.items()))
 
 

@@ -74,9 +74,6 @@ class PhaseClock:
             if self._inner:  # the whole block counts as inside the enclosing one
                 self._inner[-1] += inner
 
-    def get(self, phase: str) -> float:
-        return self.seconds.get(phase, 0.0)
-
     def to_dict(self) -> dict[str, float]:
         """Every phase and count measured, rounded to the millisecond, in ``PHASES`` order."""
         return {name: round(self.seconds[name], 3) for name in (*PHASES, *COUNTS)

@@ -161,8 +161,7 @@ class CompilePool:
         self._args = (kind, kernel_ref, shape, dtype, device_index)
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self._started = time.monotonic()
-        #: seconds from the start to ``wait_ready``'s return, and to the last process ready
-        self.ready_s: float | None = None
+        #: seconds from the start to the last process ready (or failed); None before
         self.all_ready_s: float | None = None
         self._ctx = mp.get_context("spawn")
         self._slots = [self._spawn() for _ in range(max(1, size))]
@@ -187,8 +186,8 @@ class CompilePool:
     def wait_ready(self, at_least: int | None = None) -> None:
         """Wait for ``at_least`` pool processes (None: every one) to load the kernel, then
         start supervising: the others are given work as each says it is ready (a worker's
-        start need not wait for the slowest of its pool's processes). ``ready_s``: seconds
-        from the pool's start to this return; ``all_ready_s``, to its last process ready."""
+        start need not wait for the slowest of its pool's processes). ``all_ready_s``: seconds
+        from the pool's start to its last process ready (or failed)."""
         if self._thread is not None:
             return
         wanted = len(self._slots) if at_least is None else max(0, min(at_least,
@@ -208,7 +207,6 @@ class CompilePool:
                 _kill(slot.process)
                 slot.conn.close()
             raise
-        self.ready_s = time.monotonic() - self._started
         self._note_all_ready()
         self._thread = threading.Thread(target=self._supervise, name="tuner-compile-pool",
                                         daemon=True)

@@ -108,6 +108,17 @@ def _sqlite_folder(database: str, create: bool) -> None:
                                 "it is on)", str(folder))
 
 
+def create_sqlite_folder(url: str) -> None:
+    """Create the folder of a SQLite file ``url`` (nothing for PostgreSQL or in memory): what
+    ``make_engine`` does with ``create_folder``, for a process that starts others on the URL
+    before opening it (``tuner serve``: its workers are told the URL, and do not create it)."""
+    url = normalise_url(url)
+    if is_sqlite(url):
+        database = make_url(url).database
+        if database not in (None, "", ":memory:"):
+            _sqlite_folder(str(database), True)
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor = dbapi_conn.cursor()
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")

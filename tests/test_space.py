@@ -60,3 +60,21 @@ def test_matmul_default_and_known_good_configs_are_in_the_space():
     shape = {"M": 4096, "N": 4096, "K": 4096}
     for c in [k.default_config(shape, "float16"), *k.known_good_configs(shape, "float16")]:
         assert k.space().contains(c), c
+
+
+def test_enumerating_a_space_makes_the_same_configs_in_the_product_s_order():
+    """``SearchSpace.__iter__`` builds configs without KernelConfig's checks and sort (a
+    matmul space has 120,000 configs, enumerated for each problem): the same configs, equal
+    and hashing alike, in ``itertools.product``'s order."""
+    import itertools
+
+    space = get_kernel("matmul").space()
+    combos = itertools.islice(itertools.product(*(p.values for p in space.params)), 2000)
+    made = list(itertools.islice(iter(space), 2000))
+    expected = [KernelConfig(dict(zip(space.names, combo, strict=True))) for combo in combos]
+    assert made == expected
+    assert [hash(c) for c in made] == [hash(c) for c in expected]
+    assert all(list(c) == sorted(c) and c["BLOCK_M"] == e["BLOCK_M"]
+               for c, e in zip(made, expected, strict=True))
+    one = SearchSpace((Param.ints("X", (1, 2)),))
+    assert list(one) == [KernelConfig(X=1), KernelConfig(X=2)]

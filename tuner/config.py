@@ -24,7 +24,7 @@ class KernelConfig(Mapping[str, int]):
     configs with the same items are equal, hash the same and serialise to the same JSON.
     """
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_items", "_hash", "_map")
 
     def __init__(self, values: Mapping[str, int] | None = None, **kwargs: int) -> None:
         merged = dict(values or {}, **kwargs)
@@ -35,12 +35,19 @@ class KernelConfig(Mapping[str, int]):
                 raise TypeError(f"config value {key}={value!r} must be an int")
         self._items: tuple[tuple[str, int], ...] = tuple(sorted(merged.items()))
         self._hash = hash(self._items)
+        self._map = dict(self._items)
+
+    @classmethod
+    def of_sorted_items(cls, items: tuple[tuple[str, int], ...]) -> KernelConfig:
+        """The config of ``items``, already sorted by name with int values (a search space's
+        enumeration, whose values its parameters checked): no checks, no sort. A space of a
+        few hundred thousand configs is enumerated for each problem (``SearchSpace.feasible``)."""
+        config = cls.__new__(cls)
+        config._items, config._hash, config._map = items, hash(items), dict(items)
+        return config
 
     def __getitem__(self, key: str) -> int:
-        for name, value in self._items:
-            if name == key:
-                return value
-        raise KeyError(key)
+        return self._map[key]
 
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self._items)

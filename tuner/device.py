@@ -60,8 +60,11 @@ def _versions() -> dict[str, str | None]:
     import torch
     import triton
 
-    return {"triton_version": triton.__version__, "torch_version": torch.__version__,
-            "cuda_version": torch.version.cuda}
+    # plain strings: torch.__version__ is a TorchVersion, and unpickling one (the GPU child's
+    # fingerprint, in the worker) imports torch: measured 3.7 s of a worker's start on an H100
+    cuda = torch.version.cuda
+    return {"triton_version": str(triton.__version__), "torch_version": str(torch.__version__),
+            "cuda_version": None if cuda is None else str(cuda)}
 
 
 def interpreter_fingerprint() -> DeviceFingerprint:

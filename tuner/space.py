@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -114,8 +115,19 @@ class SearchSpace:
         if self.allowed is not None:
             yield from sorted(self.allowed, key=self.encode)
             return
+        names = self.names
+        if any(not isinstance(v, int) or isinstance(v, bool)
+               for p in self.params for v in p.values):  # KernelConfig says which and why
+            for combo in itertools.product(*(p.values for p in self.params)):
+                yield KernelConfig(dict(zip(names, combo, strict=True)))
+            return
+        # the product's order, each config's items in name order without a sort of its own
+        order = sorted(range(len(names)), key=names.__getitem__)
+        sorted_names = tuple(names[i] for i in order)
+        pick = operator.itemgetter(*order) if len(order) > 1 else (lambda combo: combo)
         for combo in itertools.product(*(p.values for p in self.params)):
-            yield KernelConfig(dict(zip(self.names, combo, strict=True)))
+            items = tuple(zip(sorted_names, pick(combo), strict=True))
+            yield KernelConfig.of_sorted_items(items)
 
     def contains(self, config: Mapping[str, int]) -> bool:
         if set(config) != set(self.names):

@@ -231,9 +231,12 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     ``workers_on_host``: GPU workers sharing this machine's cores (``serve`` passes its count):
     each compiles ahead on its share (``TUNER_COMPILE_WORKERS`` overrides it)."""
     started = time.monotonic()
+    before_main = process_age_s()
     kind = resolve_backend_kind(backend)
     compile_workers = compile_workers_for(settings, kind, workers_on_host)
     early, steps = _start_first(settings, kind, device_index, compile_workers)
+    if before_main is not None:  # this process's Python start and imports, before all that
+        steps["worker_python"] = before_main
     from tuner.app.dispatch import make_dispatcher
     from tuner.app.worker import Worker
 
@@ -256,11 +259,13 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
         log.warning("no GPU: this worker runs kernels on the Triton CPU interpreter; its "
                     "timings are not GPU timings and are stored under 'interpret:cpu'")
     worker.device_key = fingerprint.key
+    t0 = time.monotonic()
     _register_device(factory, fingerprint, calibration, settings)
     _register_worker(factory, worker.id, fingerprint, kind,
                      device_index if kind == "cuda" else None)
     _stop_on_signals(worker.stopping)
     dispatcher = make_dispatcher(settings, factory)
+    steps["register"] = time.monotonic() - t0
     _start_thread("presence", keep_present, factory, fingerprint.key,
                   settings.lease_seconds / 3, worker.stopping, parent_pid, worker.id,
                   settings.worker_health_file or None)
@@ -273,12 +278,25 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
                  "reused" if calibration.get("reused") else
                  "measured" if calibration.get("copy_gbps") else "none")
         worker.report("idle")
+        _start_thread("warm-imports", warm_imports)
         dispatcher.serve(worker)  # the embedded one runs the reaper beside the worker
     finally:
         dispatcher.close()
         _stop_worker_row(factory, worker.id)
     log.info("worker %s stopped", worker.id)
     return 0
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process was created (Linux: ``/proc``), else None."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def compile_workers_for(settings: Settings, kind: str, workers_on_host: int) -> int | None:
@@ -322,6 +340,22 @@ def _log_at_info() -> None:
     root = logging.getLogger()
     if root.level > logging.INFO:  # the CLI configured WARNING; a worker reports its work
         root.setLevel(logging.INFO)
+
+
+def warm_imports() -> None:
+    """Import what a worker's first task needs (torch, Triton, the built-in kernels' modules)
+    while it idles: nothing of it is needed to be ready (its GPU child imports its own), and
+    torch's import alone took 3.3 s on an H100 machine, which the first task would pay. A
+    module that fails to import is left to the task that needs it (which says why)."""
+    import importlib
+
+    from search_spaces.registry import BUILTINS
+
+    for module in ("torch", "triton", *dict.fromkeys(r.split(":")[0] for r in BUILTINS.values())):
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the task that loads it reports the error
+            log.debug("warming: %s did not import", module, exc_info=True)
 
 
 def _start_thread(name: str, target: Any, *args: Any) -> threading.Thread:
@@ -543,33 +577,40 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     ``TUNER_API_WORKERS``, 0 = one per CPU core) plus worker processes: one per local GPU, or
     one interpreter worker on a machine without a GPU. Returns when the API stops
     (SIGINT/SIGTERM)."""
-    import uvicorn
-
+    from db.engine import check_url, create_sqlite_folder
     from tuner.app.supervision import SERVE_PID_ENV, STATE_ENV, check_address
 
     check_address(host, port)  # a port in use: one line naming its holder, before any wait
-    wait_for_database(settings)  # migrate once, before workers race to do it
+    url = settings.resolved_database_url
+    check_url(url)  # a URL that can never work: one line, before any worker starts
+    if not settings.database_url:  # the default file: its folder, before the workers open it
+        create_sqlite_folder(url)
     kind, indices, note = worker_plan(settings, workers, backend)
     if note:
         print(note, flush=True)
-    url = settings.resolved_database_url
     os.environ["TUNER_DATABASE_URL"] = url  # the app (built by uvicorn) and the workers
     os.environ[SERVE_PID_ENV] = str(os.getpid())  # API processes die with this one
     if not settings.allowed_hosts.strip():  # the Host headers the API answers (api.gate)
         os.environ["TUNER_ALLOWED_HOSTS"] = default_allowed_hosts(host)
-    processes = api_processes(settings, api_workers)
-    check_address(host, port)  # again: the database may have taken a while
     state_file = _state_file()
     os.environ[STATE_ENV] = str(state_file)  # /healthz of the API processes reads it
+    # The workers first: a GPU worker's start is its measuring child's (torch's import, the
+    # device's start: seconds), which then overlaps this process's migrations and the API's
+    # start. Migrating at once is safe (``db.engine.upgrade``: processes take turns).
     pool = WorkerPool(kind, indices, env=dict(os.environ), state_file=state_file)
     pool.start()
-    print(f"API on http://{host}:{port} (docs at /docs), {processes} process(es); "
-          f"{len(indices)} {kind} worker(s); database {url}", flush=True)
     # uvicorn re-raises the SIGTERM it caught once it has shut down, under the handler that was
     # there before it; with the default one the process would die before stopping its workers.
     # With several API processes its supervisor takes SIGTERM itself and returns.
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
+        import uvicorn
+
+        wait_for_database(settings)
+        processes = api_processes(settings, api_workers)
+        check_address(host, port)  # again: the database may have taken a while
+        print(f"API on http://{host}:{port} (docs at /docs), {processes} process(es); "
+              f"{len(indices)} {kind} worker(s); database {url}", flush=True)
         uvicorn.run("api.app:app", host=host, port=port, log_level="info",
                     workers=processes, http="api.connections:GuardedHTTP",
                     timeout_keep_alive=settings.keep_alive_s)

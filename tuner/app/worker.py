@@ -34,7 +34,7 @@ from tuner.app.best_decision import (  # noqa: F401 (also re-exported for the ol
 from tuner.app.keeper import BackendKeeper
 from tuner.app.prestart import start_measuring
 from tuner.backends import TimingOptions, open_backend
-from tuner.backends.base import Interruptible, Retargetable, use_timing
+from tuner.backends.base import Interruptible, Retargetable, use_bound, use_timing
 from tuner.backends.process import ProcessBackend
 from tuner.backends.replay import ReplayTable
 from tuner.config import KernelConfig
@@ -334,6 +334,7 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
     with run.clock.timed("setup"):
         warm, roof, stored = run.store(
             "registering the device", lambda: _setup(run, kernel, fp, dtype, shape, space))
+    use_bound(backend, roof is not None and roof.bound == "memory")
     stop = _StopCheck(run, job_id, heartbeat)
     incumbent = stored.config if stored is not None and space.contains(stored.config) else None
     # a compute-bound problem's ceiling is the vendor GEMM's measured speed, which a tuned

@@ -64,6 +64,20 @@ class TimingOptions:
     #: timing in whatever state the GPU is in, warm-up ``warmup_ms``).
     protocol: str = field(default_factory=default_protocol)
     settle_warmup_ms: float = 100.0
+    #: the problem is memory-bound on this device (its roofline's floor is the copy
+    #: bandwidth; the worker sets it per task): its full timings skip the sustained-state
+    #: warm-up while the GPU's power, read after the task's previous full timing, stayed under
+    #: ``quiet_power_frac`` of its limit without a power-cap throttle (the limiter is not
+    #: engaged, so the clock is where a warm-up would leave it); a timing that then finds the
+    #: power over it or capped is taken again with the warm-up, and so are those after it.
+    #: ``bench/results/gap_probe_h100.md``: a compute-bound GEMM's clock is back at boost 30 ms
+    #: after a sustained load, so compute-bound problems keep the warm-up on every timing
+    memory_bound: bool = False
+    quiet_power_frac: float = 0.6
+    #: a re-timing's rounds stop after this many once the fastest config's timings are all
+    #: under every other config's (the ranking cannot change within the noise it showed);
+    #: ``rounds`` is the most (0: every round)
+    retime_min_rounds: int = 3
     #: a full timing that starts under this long after the previous one finished (the rounds
     #: of a re-timing, back to back) keeps the usual ``warmup_ms``: the GPU had no time to
     #: regain its boost clock
@@ -195,6 +209,20 @@ class TimesWithMethods(Protocol):
     """A backend that times with a chosen timing method (``tuner/timing.py``)."""
 
     def use_timing(self, method: str) -> str: ...
+
+
+@runtime_checkable
+class PacesWarmups(Protocol):
+    """A backend told whether its problem is memory-bound (``TimingOptions.memory_bound``)."""
+
+    def use_bound(self, memory_bound: bool) -> None: ...
+
+
+def use_bound(backend: object, memory_bound: bool) -> None:
+    """Tell ``backend`` whether the next problem is memory-bound (``PacesWarmups``); nothing
+    for a backend without the notion."""
+    if isinstance(backend, PacesWarmups):
+        backend.use_bound(memory_bound)
 
 
 def preferred_batch(backend: object) -> int:

@@ -10,7 +10,7 @@ parent -> child: ("setup", kernel_ref, shape, dtype, seed)
                  | ("measure", config, timing[, best_ms])
                  | ("retime", configs, rounds, timing[, baseline]) | ("selftest",)
                  | ("calibrate"[, runs[, timing]])
-child -> parent: ("ready", fingerprint) | ("ok",) | ("compiled", seconds)
+child -> parent: ("ready", fingerprint, {step: monotonic time}) | ("ok",) | ("compiled", seconds)
                  | ("result", measurement, sticky) | ("results", [measurement]) | ("error", text)
                  | ("calibration", {...})
 
@@ -59,6 +59,11 @@ STICKY_CUDA_ERRORS = (
     "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS",
     "operation not permitted when stream is capturing", "CUDA error: unknown error",
 )
+
+
+#: NVML's throttle-reason bits that mean the power limiter holds the clock
+#: (``tuner.gpu_state.THROTTLE_REASONS``: sw_power_cap, hw_power_brake_slowdown)
+POWER_CAP_REASONS = 0x4 | 0x80
 
 
 def is_sticky(text: str) -> bool:
@@ -122,6 +127,28 @@ class ChildState:
         #: finished timing (monotonic seconds): an idle GPU is settled again
         self.settled = False
         self.last_busy = 0.0
+        #: the last full timing's warm-up (ms) and the GPU's idle time before it (s; None
+        #: before the first), recorded with each trial
+        self.warmup_ms: float | None = None
+        self.idle_s: float | None = None
+        #: the GPU's power after this task's last full timing was under the quiet share of
+        #: its limit, with no power-cap throttle (``TimingOptions.memory_bound``)
+        self.quiet = False
+        self._power_limit_w: float | None = None
+
+    def power_pressed(self, timing: TimingOptions) -> bool:
+        """Whether the GPU's power now is over ``quiet_power_frac`` of its limit or capped
+        (throttled for power); True where NVML cannot say (be safe: warm up)."""
+        sample = self.gpu_sample()
+        if sample is None or sample.get("power_w") is None:
+            return True
+        if self._power_limit_w is None and self.monitor is not None:
+            self._power_limit_w = self.monitor.power_limit_w()
+        if not self._power_limit_w:
+            return True
+        throttle = int(sample.get("throttle") or 0)
+        return (float(sample["power_w"] or 0.0) >= timing.quiet_power_frac * self._power_limit_w
+                or bool(throttle & POWER_CAP_REASONS))
 
     @property
     def device(self) -> str:
@@ -217,7 +244,14 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
             if float(q[1]) > timing.quick_factor * best_ms:
                 return float(q[0]), float(q[1]), float(q[2]), True
         idle_s = time.monotonic() - state.last_busy if state.last_busy else None
-        q = bench(method, fn, warmup=_full_warmup_ms(timing, idle_s), rep=timing.rep_ms)
+        state.idle_s, state.warmup_ms = idle_s, _full_warmup_ms(timing, idle_s, state.quiet)
+        q = bench(method, fn, warmup=state.warmup_ms, rep=timing.rep_ms)
+        if timing.memory_bound and timing.settles:
+            pressed = state.power_pressed(timing)
+            if pressed and state.warmup_ms < timing.settle_warmup_ms:  # it met the cap: again
+                state.warmup_ms = timing.settle_warmup_ms
+                q = bench(method, fn, warmup=state.warmup_ms, rep=timing.rep_ms)
+            state.quiet = not pressed
         return float(q[0]), float(q[1]), float(q[2]), False
     # The interpreter's wall time says nothing about a GPU; it is recorded only so that the
     # whole pipeline runs. Results from it are stored under the interpreter's own device key,
@@ -260,14 +294,19 @@ def _settles(timing: TimingOptions) -> bool:
     return timing.settles and timing.settle_max_ms > 0
 
 
-def _full_warmup_ms(timing: TimingOptions, idle_s: float | None = None) -> float:
+def _full_warmup_ms(timing: TimingOptions, idle_s: float | None = None,
+                    quiet: bool = False) -> float:
     """do_bench's warm-up for a full timing: the settled protocol's sustained-state warm-up,
     unless the GPU finished a timing under ``settle_gap_s`` ago (``idle_s``): back-to-back
-    timings (a re-timing's rounds) keep it at the sustained clock."""
+    timings (a re-timing's rounds) keep it at the sustained clock; or unless the problem is
+    memory-bound and the power stayed quiet after the previous full timing (``quiet``:
+    ``TimingOptions.memory_bound``)."""
     warmup = timing.warmup_ms
     if not timing.settles:
         return warmup
     if idle_s is not None and idle_s < timing.settle_gap_s:
+        return warmup
+    if timing.memory_bound and quiet:
         return warmup
     return max(warmup, timing.settle_warmup_ms)
 
@@ -344,8 +383,13 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
                            compile_s=compile_s), False
     extra["measured"] = "trial"
     extra["timing"] = timing_method(timing)
+    extra["compile_step_s"] = round(compile_s, 4)  # the child's own: inputs, then the binary
     if quick:
         extra["quick"] = True
+    elif state.warmup_ms is not None:  # the warm-up it had, after how long idle
+        extra["warmup_ms"] = state.warmup_ms
+        if state.idle_s is not None:
+            extra["idle_s"] = round(state.idle_s, 4)
     return Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
                        compile_s=compile_s, max_error=inputs.get("_max_error"),
                        extra=extra), False
@@ -385,12 +429,25 @@ def _baseline_fn(state: ChildState, inputs: dict[str, Any],
     return lambda: hook(inputs)
 
 
+def separated(timings: list[list[float]]) -> bool:
+    """Whether the entry of the lowest median was timed faster in every round than every
+    other entry in any round (each list: one entry's timings so far); True for one entry."""
+    if len(timings) <= 1:
+        return True
+    lead = min(range(len(timings)), key=lambda i: statistics.median(timings[i]))
+    slowest_lead = max(timings[lead])
+    return all(slowest_lead < min(t) for i, t in enumerate(timings) if i != lead)
+
+
 def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
            timing: TimingOptions, baseline: bool = False) -> list[Measurement]:
     """Interleave: every round times every config once (and then the kernel's baseline, with
     ``baseline``), so drift hits all of them alike. The GPU is settled first, with all of them
     in turn as the load. One measurement per config, in order, then the baseline's
-    (``KernelConfig({})``, ``extra["baseline"]``) when asked for and the kernel has one."""
+    (``KernelConfig({})``, ``extra["baseline"]``) when asked for and the kernel has one.
+    ``rounds`` is the most: after ``timing.retime_min_rounds`` the rounds stop once the
+    fastest config is ``separated`` from the other configs (``extra["rounds"]`` says how many
+    ran)."""
     inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
     entries: list[tuple[KernelConfig, Callable[[], Any], dict[str, Any]]] = [
         (c, partial(state.kernel.launch, c, inputs), {}) for c in configs]
@@ -404,7 +461,7 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     medians: list[list[float]] = [[] for _ in entries]
     gpu: list[list[GpuSample]] = [[] for _ in entries]
     cooled: list[float] = []
-    for _ in range(rounds):
+    for done_rounds in range(1, rounds + 1):
         for i, (_config, fn, _extra) in enumerate(entries):
             done = _cool(state, timing)
             if done is not None:
@@ -414,6 +471,9 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
             sample = state.gpu_sample()
             if sample is not None:
                 gpu[i].append(sample)
+        if done_rounds >= max(1, timing.retime_min_rounds) and timing.retime_min_rounds and (
+                separated(medians[:len(configs)])):
+            break
     state.last_busy = time.monotonic()
     out = []
     for (config, _fn, extra), values, samples in zip(entries, medians, gpu, strict=True):
@@ -580,7 +640,10 @@ def stacks_on_sigusr1() -> None:
 
 
 def child_main(conn: Any, kind: str, device_index: int, parent_pid: int | None = None) -> None:
-    """Entry point of the spawned child."""
+    """Entry point of the spawned child. Its "ready" reply carries when (``time.monotonic``,
+    one clock for every process of the machine) it entered here, had imported torch and had
+    started its device, so that the parent can say where a slow start went."""
+    entered = time.monotonic()
     os.setpgrp()  # so that the parent can kill us together with any compiler we started
     die_with_parent(parent_pid)
     stacks_on_sigusr1()
@@ -592,8 +655,12 @@ def child_main(conn: Any, kind: str, device_index: int, parent_pid: int | None =
             os.environ["TRITON_INTERPRET"] = "1"
         elif kind == "cuda":  # the worker's device (its index among the visible ones): cuda:0
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
+        import torch  # noqa: F401 - imported here to be timed apart from the device's start
+
+        imported = time.monotonic()
         fp = detect_cuda(0) if kind == "cuda" else interpreter_fingerprint()
-        conn.send(("ready", fp))
+        conn.send(("ready", fp, {"entered": entered, "torch": imported,
+                                 "device": time.monotonic()}))
     except Exception as exc:  # noqa: BLE001
         conn.send(("error", f"device start failed: {type(exc).__name__}: {exc}"))
         return
@@ -638,6 +705,7 @@ def _setup(state: ChildState, kernel_ref: str, shape: dict[str, int], dtype: str
     state.kernel = load_ref(kernel_ref)
     state.shape, state.dtype, state.seed, state.counter = dict(shape), dtype, seed, 0
     state.settled = False  # a new task: settled again with its own load
+    state.quiet = False  # and its first full timing warms up, whatever the last task drew
     if state.kind == "cuda":
         _check_inputs_fit(state)
 

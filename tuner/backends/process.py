@@ -53,6 +53,7 @@ class ChildProcess:
 
     def __init__(self, kind: str, device_index: int, start_timeout_s: float) -> None:
         ctx = mp.get_context("spawn")
+        spawned = time.monotonic()
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=child_main,
                                    args=(child_conn, kind, device_index, os.getpid()),
@@ -68,6 +69,13 @@ class ChildProcess:
             self.kill()
             raise WorkerDied(f"the {kind} child did not start: {reply[1]}")
         self.fingerprint: DeviceFingerprint = reply[1]
+        #: seconds its setup on its first problem took (``ProcessBackend._start``)
+        self.setup_s = 0.0
+        #: seconds the start took, by step: the child's Python start and imports up to its
+        #: entry point (``python``), torch's import (``torch``), the device's start
+        #: (``device``), and the reply's way back (``reply``)
+        self.start_steps: dict[str, float] = start_steps(spawned, reply[2] if len(reply) > 2
+                                                         else {}, time.monotonic())
 
     def receive(self, timeout_s: float,
                 interrupt: Callable[[], bool] | None = None) -> tuple[Any, ...]:
@@ -118,6 +126,19 @@ class ChildProcess:
         except (BrokenPipeError, OSError):
             pass
         self.kill()
+
+
+def start_steps(spawned: float, marks: dict[str, float], answered: float) -> dict[str, float]:
+    """The seconds between the spawn, the child's marks (``child_main``: ``entered``,
+    ``torch``, ``device``; ``time.monotonic`` is one clock for every process) and the reply;
+    {} without marks."""
+    names = ("entered", "torch", "device")
+    if not all(isinstance(marks.get(n), float) for n in names):
+        return {}
+    times = [spawned, *(marks[n] for n in names), answered]
+    labels = ("python", "torch", "device", "reply")
+    return {label: max(0.0, b - a)
+            for label, a, b in zip(labels, times[:-1], times[1:], strict=True)}
 
 
 #: what a compile-pool failure settles for good: the compiler refused the config or ran out of
@@ -197,8 +218,11 @@ class ProcessBackend:
         t0 = time.monotonic()
         try:
             self._child = self._start()
-            #: seconds the start took: the child (its imports, CUDA, its setup)
-            self.start_seconds = {"child": time.monotonic() - t0}
+            #: seconds the start took: the child (its imports, CUDA, its setup), and its steps
+            #: (``ChildProcess.start_steps``, then the setup on its first problem)
+            self.start_seconds = {"child": time.monotonic() - t0, **{
+                f"child_{k}": v for k, v in self._child.start_steps.items()},
+                "child_setup": self._child.setup_s}
             if compile_workers:
                 self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers,
                                          self.timing.compile_timeout_s, device_index,
@@ -247,8 +271,10 @@ class ProcessBackend:
         if child.process.pid is not None:
             self.child_pids.append(child.process.pid)
         try:
+            t0 = time.monotonic()
             child.send(("setup", self.kernel_ref, self.shape, self.dtype, self.seed))
             reply = child.receive(self.timing.start_timeout_s)
+            child.setup_s = time.monotonic() - t0
         except (_Timeout, _Died) as exc:
             child.kill()
             raise WorkerDied(f"the {self.kind} child failed its setup: {exc}") from None
@@ -296,6 +322,11 @@ class ProcessBackend:
             self.timing = replace(self.timing, method=method)
             self.best_ms = None
         return method
+
+    def use_bound(self, memory_bound: bool) -> None:
+        """Time the next problem as memory-bound or not (``TimingOptions.memory_bound``)."""
+        if memory_bound != self.timing.memory_bound:
+            self.timing = replace(self.timing, memory_bound=memory_bound)
 
     def targets(self, kernel_ref: str, shape: dict[str, int], dtype: str, seed: int) -> bool:
         """Whether this backend is set up for exactly this problem."""

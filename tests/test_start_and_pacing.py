@@ -1,0 +1,210 @@
+"""Issue 33: where a worker's start goes (the child's steps), a fingerprint that does not make
+the worker import torch, a re-timing that stops once its ranking is settled, and memory-bound
+problems timed without the sustained-state warm-up while the power stays quiet. CPU only:
+NVML and the GPU timer cannot exist here, so they alone are faked (a monitor's sample and
+``tuner.gpu_timer.bench``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tuner.backends import TimingOptions
+from tuner.backends import child as child_mod
+from tuner.backends.base import use_bound
+from tuner.backends.process import ChildProcess, ProcessBackend, start_steps
+from tuner.config import KernelConfig
+
+FAST = TimingOptions(compile_timeout_s=30, run_timeout_s=30, start_timeout_s=60)
+
+
+# -- the child's start, step by step --------------------------------------------------------
+
+def test_start_steps_are_the_gaps_between_the_spawn_the_child_s_marks_and_the_reply():
+    marks = {"entered": 10.25, "torch": 13.5, "device": 14.0}
+    assert start_steps(10.0, marks, 14.5) == {"python": 0.25, "torch": 3.25, "device": 0.5,
+                                              "reply": 0.5}
+    assert start_steps(10.0, {"entered": 10.25}, 14.5) == {}  # an older child: no steps
+
+
+@pytest.mark.timeout(120)
+def test_a_child_s_fingerprint_carries_plain_strings_and_its_start_has_steps():
+    """torch.__version__ is a TorchVersion: a fingerprint carrying one made the worker import
+    torch to read the child's reply (3.7 s of a start on an H100)."""
+    child = ChildProcess("interpret", 0, 60)
+    try:
+        fp = child.fingerprint
+        assert type(fp.torch_version) is str and type(fp.triton_version) is str
+        assert set(child.start_steps) == {"python", "torch", "device", "reply"}
+        assert all(v >= 0 for v in child.start_steps.values())
+    finally:
+        child.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_s_start_seconds_name_the_child_s_steps_and_its_setup():
+    backend = ProcessBackend("interpret", "search_spaces.vector_add:KERNEL", {"N": 256},
+                             "float32", timing=FAST)
+    try:
+        steps = backend.start_seconds
+        assert {"child", "child_python", "child_torch", "child_device", "child_reply",
+                "child_setup"} <= set(steps)
+        assert steps["child"] >= steps["child_setup"] > 0
+        # the bound travels with the timing options of the next measurements
+        assert not backend.timing.memory_bound
+        use_bound(backend, True)
+        assert backend.timing.memory_bound
+        use_bound(backend, False)
+        assert not backend.timing.memory_bound
+    finally:
+        backend.close()
+
+
+def test_the_worker_warms_its_imports_of_torch_and_the_built_in_kernels():
+    from search_spaces.registry import BUILTINS
+    from tuner.app.service import warm_imports
+
+    warm_imports()
+    modules = {ref.split(":")[0] for ref in BUILTINS.values()}
+    assert {"torch", "triton", *modules} <= set(sys.modules)
+
+
+# -- re-timing stops once the fastest is separated ---------------------------------------------
+
+def test_separated_needs_every_timing_of_the_fastest_under_every_other_timing():
+    assert child_mod.separated([[1.0, 1.1, 1.05], [1.2, 1.3, 1.25], [2.0, 2.1, 2.0]])
+    assert not child_mod.separated([[1.0, 1.1, 1.05], [1.08, 1.3, 1.25]])  # 1.1 > 1.08
+    assert child_mod.separated([[3.0, 3.0]])
+    # the lead is the lowest median, wherever it is listed
+    assert child_mod.separated([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]])
+
+
+class Paced:
+    """A kernel whose configs take ``X`` ms a launch; with ``flip``, configs 1 and 2 swap
+    their times every round (a ranking that never settles)."""
+
+    def __init__(self, flip: bool = False) -> None:
+        self.flip = flip
+        self.launches: dict[int, int] = {}
+
+    def make_inputs(self, shape: Mapping[str, int], dtype: str, device: str,
+                    seed: int) -> dict[str, Any]:
+        return {}
+
+    def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        x = int(config["X"])
+        n = self.launches[x] = self.launches.get(x, 0) + 1
+        ms = float(x)
+        if self.flip and (n - 1) // 3 % 2:  # the CPU timer launches 3 times a round
+            ms = 3.0 - ms
+        time.sleep(ms / 1e3)
+
+
+def _retime(kernel: Paced, rounds: int, timing: TimingOptions) -> list[Any]:
+    state = child_mod.ChildState("interpret")
+    state.kernel = kernel
+    return child_mod.retime(state, [KernelConfig(X=1), KernelConfig(X=2)], rounds, timing)
+
+
+def test_retiming_stops_after_its_minimum_once_the_fastest_is_separated():
+    out = _retime(Paced(), 5, FAST)
+    assert [m.extra["rounds"] for m in out] == [3, 3]
+    assert out[0].p50_ms < out[1].p50_ms
+
+
+def test_retiming_runs_every_round_while_the_ranking_is_not_settled_or_when_asked():
+    out = _retime(Paced(flip=True), 5, FAST)
+    assert [m.extra["rounds"] for m in out] == [5, 5]
+    every = TimingOptions(compile_timeout_s=30, run_timeout_s=30, retime_min_rounds=0)
+    assert [m.extra["rounds"] for m in _retime(Paced(), 4, every)] == [4, 4]
+
+
+# -- memory-bound problems: the warm-up only where the power limiter may hold the clock ---------
+
+def test_the_warm_up_is_skipped_only_for_a_memory_bound_problem_with_quiet_power():
+    compute = TimingOptions(warmup_ms=10, settle_warmup_ms=100)
+    memory = TimingOptions(warmup_ms=10, settle_warmup_ms=100, memory_bound=True)
+    assert child_mod._full_warmup_ms(memory, idle_s=0.2, quiet=True) == 10
+    assert child_mod._full_warmup_ms(memory, idle_s=0.2, quiet=False) == 100
+    assert child_mod._full_warmup_ms(compute, idle_s=0.2, quiet=True) == 100
+
+
+class FakeMonitor:
+    """NVML's view, set by the test: power (W), throttle bits, a 700 W limit."""
+
+    def __init__(self) -> None:
+        self.power_w: float | None = 300.0
+        self.throttle = 0
+
+    def sample(self) -> dict[str, Any]:
+        return {"sm_mhz": 1980.0, "mem_mhz": 2619.0, "power_w": self.power_w,
+                "temp_c": 40.0, "throttle": self.throttle}
+
+    def power_limit_w(self) -> float:
+        return 700.0
+
+
+def test_power_pressure_is_the_power_over_its_share_of_the_limit_or_a_power_cap():
+    state = child_mod.ChildState("cuda")
+    state.monitor = FakeMonitor()  # type: ignore[assignment]
+    timing = TimingOptions(memory_bound=True, quiet_power_frac=0.6)
+    assert not state.power_pressed(timing)  # 300 W of 700
+    state.monitor.power_w = 450.0  # type: ignore[union-attr]
+    assert state.power_pressed(timing)  # over 420 W
+    state.monitor.power_w, state.monitor.throttle = 200.0, 0x4  # type: ignore[union-attr]
+    assert state.power_pressed(timing)  # sw_power_cap
+    state.monitor.power_w, state.monitor.throttle = None, 0  # type: ignore[union-attr]
+    assert state.power_pressed(timing)  # NVML cannot say: warm up
+
+
+def test_a_memory_bound_task_warms_up_first_then_only_after_the_power_rose(monkeypatch):
+    import tuner.gpu_timer
+
+    warmups: list[float] = []
+
+    def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
+              quantiles: Any = None) -> list[float]:
+        warmups.append(warmup)
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
+    state = child_mod.ChildState("cuda")
+    monitor = FakeMonitor()
+    state.monitor = monitor  # type: ignore[assignment]
+    timing = TimingOptions(warmup_ms=10, settle_warmup_ms=100, memory_bound=True,
+                           quick_rep_ms=0)
+
+    def timed() -> None:
+        state.last_busy = time.monotonic() - 0.2  # a trial's gap: over settle_gap_s
+        child_mod._time_fn(state, lambda: None, timing)
+
+    timed()  # the task's first: warmed up; the power after it is quiet
+    timed()  # so no warm-up
+    assert warmups == [100, 10] and state.quiet
+    monitor.power_w = 650.0
+    timed()  # this one met high power: taken again after the warm-up
+    assert warmups[2:] == [10, 100] and not state.quiet and state.warmup_ms == 100
+    monitor.power_w = 250.0
+    timed()  # the power was high after the last one: warmed up, then quiet again
+    timed()
+    assert warmups[4:] == [100, 10]
+    # a compute-bound problem's every timing is warmed up, whatever the power
+    warmups.clear()
+    state.quiet = True
+    compute = TimingOptions(warmup_ms=10, settle_warmup_ms=100, quick_rep_ms=0)
+    state.last_busy = time.monotonic() - 0.2
+    child_mod._time_fn(state, lambda: None, compute)
+    assert warmups == [100]
+
+
+def test_a_new_task_starts_without_the_last_task_s_quiet_power(monkeypatch):
+    state = child_mod.ChildState("interpret")
+    state.quiet = True
+    monkeypatch.setattr("tuner.kernel.load_ref", lambda ref: SimpleNamespace())
+    child_mod._setup(state, "x:KERNEL", {"N": 1}, "float32", 0)
+    assert not state.quiet

@@ -455,7 +455,8 @@ def add_references(report: dict[str, Any], tmp: str, reference_trials: int,
                 task = job["tasks"][0]
                 best, incumbent = task.get("best_ms"), task.get("incumbent_ms")
                 row.update(reference_trials=task["trials_done"], reference_ms=best,
-                           incumbent_ms=incumbent, reference_wall_s=wall)
+                           incumbent_ms=incumbent, reference_wall_s=wall,
+                           reference_config=task.get("best_config"))
                 if best and incumbent:
                     row["vs_reference"] = incumbent / min(best, incumbent)
                 print(json.dumps({"reference": row}), flush=True)

@@ -285,6 +285,40 @@ def test_measure_takes_a_compile_finished_ahead_instead_of_compiling_again():
     assert backend._compiled == {} and backend._ahead == set()
 
 
+def test_the_warm_start_is_compiling_before_the_first_batch_and_is_not_compiled_twice():
+    """A search hands its warm start to the pool as it starts (``compile_now``), while it
+    builds its strategy: the first batch takes those compiles instead of queueing its own."""
+    from tests.fakes.faulty import GOOD, KERNEL
+    from tuner.backends import TimingOptions
+    from tuner.backends.process import ProcessBackend
+    from tuner.search import SearchLoop
+
+    warm = [KernelConfig(MODE=GOOD, SLOW=s) for s in (1, 2, 3)]
+    timing = TimingOptions(compile_timeout_s=10, run_timeout_s=10, start_timeout_s=60)
+    backend = ProcessBackend("interpret", KERNEL.ref, {"N": 1000}, "float32", timing=timing,
+                             compile_workers=1)
+    try:
+        assert backend._pool is not None
+        submitted: list[tuple[list[KernelConfig], bool]] = []
+        real_submit, real_poll = backend._pool.submit, backend._pool.poll
+        backend._pool.submit = lambda configs, first=False: (  # type: ignore[method-assign]
+            submitted.append((list(configs), first)), real_submit(configs, first))[-1]
+        compiled: list[KernelConfig] = []
+        backend._pool.poll = lambda timeout_s: [  # type: ignore[method-assign]
+            c for c in real_poll(timeout_s) if not compiled.append(c.config)]
+        loop = SearchLoop(KERNEL, {"N": 1000}, "float32", backend,
+                          SearchOptions(trials=3, warm_start=warm, retime_rounds=0,
+                                        batch_size=3))
+        assert submitted == [(warm, False)]  # queued as the loop started, before any batch
+        result = loop.run()
+    finally:
+        backend.close()
+    assert [m.config for m in result.trials] == warm and all(m.ok for m in result.trials)
+    # the batch only moved them to the front of the queue (``first``): each compiled once
+    assert sorted((c for c in compiled if c in warm), key=str) == sorted(warm, key=str)
+    assert all(first for configs, first in submitted[1:] if set(configs) & set(warm))
+
+
 # -- a sweep of shapes as one job on one backend ------------------------------------------------
 
 def test_parse_sweep_and_its_shapes():

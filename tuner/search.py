@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from tuner.backends.base import Backend, CompilesAhead, preferred_batch
+from tuner.backends.base import Backend, CompilesAhead, compile_now, preferred_batch
 from tuner.config import KernelConfig
 from tuner.errors import MeasuringStopped, interrupted_by
 from tuner.kernel import TunableKernel
@@ -156,6 +156,11 @@ class SearchLoop:
                                   backend.fingerprint.sm_count or ProblemContext.sm_count,
                                   ProblemContext.capability_of(
                                       backend.fingerprint.compute_capability))
+        self._warm = [c for c in dict.fromkeys([*options.warm_start, *options.listed])
+                      if self.space.contains(c)]
+        # the pool compiles the warm start (the first batches) while the strategy is built: a
+        # matmul space's enumeration and ranking take a second or more
+        compile_now(backend, [c for c in self._warm if self.space.violation(c, self.ctx) is None])
         # the kernel's own prior ranks configs (kernels without the optional prior hook
         # have none: flat); "auto" is chosen by whether the kernel has one
         name = resolve_strategy(options.strategy, kernel_has_prior(kernel, shape, dtype, self.ctx))
@@ -165,8 +170,6 @@ class SearchLoop:
         self.tried: dict[KernelConfig, Measurement] = {}
         self.trials: list[Measurement] = []
         self.pruned = 0
-        self._warm = [c for c in dict.fromkeys([*options.warm_start, *options.listed])
-                      if self.space.contains(c)]
         self._listed = [c for c in dict.fromkeys(options.listed)
                         if self.space.contains(c) and self.space.violation(c, self.ctx) is None]
         #: the trial budget: ``trials``, or more where the user's list needs more

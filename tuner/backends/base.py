@@ -175,6 +175,21 @@ class CompilesAhead(Protocol):
 
 
 @runtime_checkable
+class CompilesNow(Protocol):
+    """A backend whose compile pool can start on configs at once (``compile_now``): a search
+    hands it its warm start while it builds its strategy, before its first batch."""
+
+    def compile_now(self, configs: Sequence[KernelConfig]) -> None: ...
+
+
+def compile_now(backend: object, configs: Sequence[KernelConfig]) -> None:
+    """Start compiling ``configs`` on ``backend``'s pool now (``CompilesNow``); nothing for a
+    backend without one."""
+    if isinstance(backend, CompilesNow) and configs:
+        backend.compile_now(configs)
+
+
+@runtime_checkable
 class Interruptible(Protocol):
     """A backend that asks ``interrupt`` (when set) while a measurement is in flight and stops
     it (``MeasuringStopped``) when it answers True."""

@@ -370,6 +370,18 @@ class ProcessBackend:
         if self._pool is not None:
             self._pending = list(configs)
 
+    def compile_now(self, configs: Sequence[KernelConfig]) -> None:
+        """Queue these on the compile pool at once (not behind a batch, as ``prefetch``): the
+        first batch's configs, while the search builds its strategy and no batch runs. A
+        config compiled already, queued or known from an earlier problem of this
+        specialisation is not queued again."""
+        if self._pool is None:
+            return
+        fresh = [c for c in dict.fromkeys(configs) if c not in self._compiled
+                 and c not in self._ahead and c not in self._known]
+        self._ahead.update(fresh)
+        self._pool.submit(fresh)
+
     def _submit_ahead(self) -> None:
         assert self._pool is not None
         fresh = [c for c in self._pending if c not in self._compiled and c not in self._ahead

@@ -66,12 +66,44 @@ def test_a_backend_s_start_seconds_name_the_child_s_steps_and_its_setup():
 
 
 def test_the_worker_warms_its_imports_of_torch_and_the_built_in_kernels():
+    import threading
+
     from search_spaces.registry import BUILTINS
     from tuner.app.service import warm_imports
 
-    warm_imports()
+    done = threading.Event()
+    warm_imports(done)
     modules = {ref.split(":")[0] for ref in BUILTINS.values()}
-    assert {"torch", "triton", *modules} <= set(sys.modules)
+    assert {"torch", "triton", *modules} <= set(sys.modules) and done.is_set()
+
+
+def test_a_task_waits_for_its_worker_s_imports_before_it_runs(tmp_path):
+    """A task claimed while the worker still imports (``Worker.warmed`` clear) starts once
+    the imports are done, not beside them."""
+    import threading
+
+    from db.engine import init_db
+    from tuner.app.worker import Worker
+
+    factory = init_db(f"sqlite:///{tmp_path / 't.db'}")
+    worker = Worker(factory, backend_kind="interpret", device_key="interpret:cpu")
+    worker.warmed.clear()
+    started: list[float] = []
+    import tuner.app.worker as worker_mod
+
+    real = worker_mod.execute_task
+    try:
+        def execute(*args: Any, **kwargs: Any) -> Any:
+            started.append(time.monotonic())
+            return SimpleNamespace(status="succeeded", error=None)
+
+        worker_mod.execute_task = execute  # type: ignore[assignment]
+        t0 = time.monotonic()
+        threading.Timer(0.3, worker.warmed.set).start()
+        worker.run_claimed(12345)
+    finally:
+        worker_mod.execute_task = real
+    assert started and started[0] - t0 >= 0.25
 
 
 # -- re-timing stops once the fastest is separated ---------------------------------------------
@@ -193,6 +225,15 @@ def test_a_memory_bound_task_warms_up_first_then_only_after_the_power_rose(monke
     timed()  # the power was high after the last one: warmed up, then quiet again
     timed()
     assert warmups[4:] == [100, 10]
+    assert state.take_warmups() == {"long": 2, "short": 3, "redone": 1}
+    # back to back (a re-timing's rounds) the clock is sustained already: a short warm-up,
+    # and high power takes nothing again
+    monitor.power_w = 650.0
+    for _ in range(3):
+        state.last_busy = time.monotonic()
+        child_mod._time_fn(state, lambda: None, timing)
+    assert warmups[-3:] == [10, 10, 10] and state.take_warmups() == {
+        "long": 0, "short": 3, "redone": 0}
     # a compute-bound problem's every timing is warmed up, whatever the power
     warmups.clear()
     state.quiet = True

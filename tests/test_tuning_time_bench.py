@@ -3,7 +3,9 @@ puts each phase in its column and says which targets were met."""
 
 from __future__ import annotations
 
-from bench.tuning_time import markdown_service, ready_line
+import datetime
+
+from bench.tuning_time import markdown_service, ready_after, ready_line
 
 LINE = ("2026-11-26 20:14:41,358 INFO tuner.app.service: worker w serving device cuda:X (cuda; "
         "dispatch: embedded): ready_s=4.20 store_s=1.65 child_s=3.10 calibration_s=0.02 "
@@ -44,3 +46,19 @@ def test_the_report_has_each_phase_in_its_column_and_the_targets():
     assert "median **8.3 s** (missed" in text and "max **12.0 s** (missed" in text
     assert "1 of 2 within 1%" in text
     assert "**61.0 s** (missed the 60 s target)" in text
+
+
+def test_the_worker_s_ready_time_is_counted_from_the_command_by_the_log_s_clock():
+    command = datetime.datetime(2026, 11, 26, 20, 14, 37, 158000).timestamp()
+    log = ("API on http://127.0.0.1:1 (docs at /docs), 1 process(es); 1 cuda worker(s), "
+           "started 0.37 s after this command; database x\n" + LINE)
+    got = ready_after(log, command)
+    assert abs(got["worker_ready_after_command"] - 4.2) < 1e-6  # 20:14:41.358 - 37.158
+    assert got["workers_started_after_command"] == 0.37
+    assert ready_after("no such lines", command) == {}
+    report = {"start": {"wall_s": 6.5, "ready_s": 3.8, "worker_ready_after_command": 4.2,
+                        "workers_started_after_command": 0.37, "calibrated": "reused"},
+              "rows": []}
+    text = markdown_service(report, "cmd")
+    assert "the worker ready to measure **4.2 s** after the command (met the 5 s target" in text
+    assert "/healthz showed it idle after 6.5 s" in text

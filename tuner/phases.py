@@ -36,7 +36,11 @@ from contextlib import contextmanager
 PHASES = ("queued", "setup", "compile_wait", "compile_child", "measuring", "retiming",
           "storing", "search", "total")
 #: work counted beside the wall time
-COUNTS = ("compile_ahead_cpu", "compiled_ahead", "reused_compiles")
+COUNTS = ("compile_ahead_cpu", "compiled_ahead", "reused_compiles",
+          # full timings by their warm-up (``TimingOptions``): the sustained-state one, the
+          # short one (back to back, or a memory-bound problem at quiet power), and those taken
+          # again with the long one after the power was found high
+          "warmups_long", "warmups_short", "warmups_redone")
 
 
 #: phases measured outside the claim-to-finish wall time

@@ -277,8 +277,9 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
                  time.monotonic() - started, ready,
                  "reused" if calibration.get("reused") else
                  "measured" if calibration.get("copy_gbps") else "none")
+        worker.warmed.clear()
+        _start_thread("warm-imports", warm_imports, worker.warmed)
         worker.report("idle")
-        _start_thread("warm-imports", warm_imports)
         dispatcher.serve(worker)  # the embedded one runs the reaper beside the worker
     finally:
         dispatcher.close()
@@ -342,20 +343,26 @@ def _log_at_info() -> None:
         root.setLevel(logging.INFO)
 
 
-def warm_imports() -> None:
+def warm_imports(done: threading.Event | None = None) -> None:
     """Import what a worker's first task needs (torch, Triton, the built-in kernels' modules)
-    while it idles: nothing of it is needed to be ready (its GPU child imports its own), and
-    torch's import alone took 3.3 s on an H100 machine, which the first task would pay. A
-    module that fails to import is left to the task that needs it (which says why)."""
+    while it idles, then set ``done``: nothing of it is needed to be ready (its GPU child
+    imports its own), and torch's import alone took 3.3 s on an H100 machine, which the first
+    task would pay. A module that fails to import is left to the task that needs it (which
+    says why)."""
     import importlib
 
     from search_spaces.registry import BUILTINS
 
-    for module in ("torch", "triton", *dict.fromkeys(r.split(":")[0] for r in BUILTINS.values())):
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - the task that loads it reports the error
-            log.debug("warming: %s did not import", module, exc_info=True)
+    try:
+        for module in ("torch", "triton",
+                       *dict.fromkeys(r.split(":")[0] for r in BUILTINS.values())):
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - the task that loads it reports the error
+                log.debug("warming: %s did not import", module, exc_info=True)
+    finally:
+        if done is not None:
+            done.set()
 
 
 def _start_thread(name: str, target: Any, *args: Any) -> threading.Thread:
@@ -457,12 +464,14 @@ class WorkerPool:
     poll_s: float = 0.5
     state_file: Path | None = None
     slots: list[_Slot] = field(default_factory=list)
+    started_after_s: float | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
         self.slots = [_Slot(i) for i in self.device_indices]
         for slot in self.slots:
             self._spawn(slot)
+        self.started_after_s = process_age_s()  # for the start's line
         self._publish()
         _start_thread("worker-pool", self._watch)
 
@@ -609,8 +618,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
         wait_for_database(settings)
         processes = api_processes(settings, api_workers)
         check_address(host, port)  # again: the database may have taken a while
+        spawned = ("" if pool.started_after_s is None
+                   else f", started {pool.started_after_s:.2f} s after this command")
         print(f"API on http://{host}:{port} (docs at /docs), {processes} process(es); "
-              f"{len(indices)} {kind} worker(s); database {url}", flush=True)
+              f"{len(indices)} {kind} worker(s){spawned}; database {url}", flush=True)
         uvicorn.run("api.app:app", host=host, port=port, log_level="info",
                     workers=processes, http="api.connections:GuardedHTTP",
                     timeout_keep_alive=settings.keep_alive_s)

@@ -593,6 +593,10 @@ def worker_id() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
+#: the longest a task waits for its worker's imports (``Worker.warmed``)
+WARM_WAIT_S = 30.0
+
+
 class Worker:
     """Claims and runs tasks for one device until stopped."""
 
@@ -616,6 +620,11 @@ class Worker:
         self.stopping = threading.Event()
         self.healthy = True
         self.last_error: str | None = None
+        #: set once this process imported what tasks need (``tuner.app.service.warm_imports``,
+        #: started when the worker is ready): a task waits for it (``WARM_WAIT_S`` at most)
+        #: rather than import beside it, each slowing the other under one GIL
+        self.warmed = threading.Event()
+        self.warmed.set()
 
     def run_once(self) -> TaskOutcome | None:
         """Claim one task and run it; None when nothing was queued for this device."""
@@ -633,6 +642,11 @@ class Worker:
         renewing its lease meanwhile. ``abort``: the dispatcher's own cancel signal (the
         task's status is checked as well); True stops the task at its next check."""
         log.info("worker %s claimed task %s", self.id, task_id)
+        if not self.warmed.is_set():
+            t0 = time.monotonic()
+            self.warmed.wait(WARM_WAIT_S)
+            log.info("task %s waited %.2f s for the worker's imports", task_id,
+                     time.monotonic() - t0)
         self.report("busy", task_id)
         beat = _Heartbeat(self, task_id)
         beat.start()

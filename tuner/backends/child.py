@@ -135,6 +135,14 @@ class ChildState:
         #: its limit, with no power-cap throttle (``TimingOptions.memory_bound``)
         self.quiet = False
         self._power_limit_w: float | None = None
+        #: full timings by warm-up since the parent last took the counts
+        #: (``tuner.phases.COUNTS``: long, short, redone)
+        self.warmups: dict[str, int] = dict.fromkeys(("long", "short", "redone"), 0)
+
+    def take_warmups(self) -> dict[str, int]:
+        """The warm-up counts since the last call, and zero them."""
+        taken, self.warmups = self.warmups, dict.fromkeys(self.warmups, 0)
+        return taken
 
     def power_pressed(self, timing: TimingOptions) -> bool:
         """Whether the GPU's power now is over ``quiet_power_frac`` of its limit or capped
@@ -244,13 +252,20 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
             if float(q[1]) > timing.quick_factor * best_ms:
                 return float(q[0]), float(q[1]), float(q[2]), True
         idle_s = time.monotonic() - state.last_busy if state.last_busy else None
+        back_to_back = idle_s is not None and idle_s < timing.settle_gap_s
         state.idle_s, state.warmup_ms = idle_s, _full_warmup_ms(timing, idle_s, state.quiet)
         q = bench(method, fn, warmup=state.warmup_ms, rep=timing.rep_ms)
-        if timing.memory_bound and timing.settles:
+        long = state.warmup_ms >= timing.settle_warmup_ms
+        state.warmups["long" if long else "short"] += 1
+        # a memory-bound problem's timing after a gap: the power decides the next one's
+        # warm-up, and one taken without it at high power is taken again with it (back to
+        # back, the clock was sustained already: nothing to check)
+        if timing.memory_bound and timing.settles and not back_to_back:
             pressed = state.power_pressed(timing)
-            if pressed and state.warmup_ms < timing.settle_warmup_ms:  # it met the cap: again
+            if pressed and not long:
                 state.warmup_ms = timing.settle_warmup_ms
                 q = bench(method, fn, warmup=state.warmup_ms, rep=timing.rep_ms)
+                state.warmups["redone"] += 1
             state.quiet = not pressed
         return float(q[0]), float(q[1]), float(q[2]), False
     # The interpreter's wall time says nothing about a GPU; it is recorded only so that the
@@ -384,6 +399,7 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
     extra["measured"] = "trial"
     extra["timing"] = timing_method(timing)
     extra["compile_step_s"] = round(compile_s, 4)  # the child's own: inputs, then the binary
+    extra["warmups"] = state.take_warmups()
     if quick:
         extra["quick"] = True
     elif state.warmup_ms is not None:  # the warm-up it had, after how long idle
@@ -475,10 +491,13 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
                 separated(medians[:len(configs)])):
             break
     state.last_busy = time.monotonic()
-    out = []
+    out: list[Measurement] = []
+    warmups = state.take_warmups()
     for (config, _fn, extra), values, samples in zip(entries, medians, gpu, strict=True):
         extra = {**extra, "measured": "retimed", "rounds": len(values),
                  "timing": timing_method(timing)}
+        if not out:  # the re-timing's warm-ups, counted once
+            extra["warmups"] = warmups
         if samples:
             extra["gpu"] = merge_samples(samples)
         if settled is not None:

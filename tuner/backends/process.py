@@ -526,6 +526,7 @@ class ProcessBackend:
             self._restart(f"{config.key()}: {reply[1]}")
             return Measurement.failure(config, Outcome.CRASH, str(reply[1]))
         measurement: Measurement = reply[1]
+        self._count_warmups(measurement)
         if reply[2]:  # sticky CUDA error: the context is unusable from now on
             self.consecutive_deaths += 1
             self._restart(f"{config.key()} left a sticky CUDA error")
@@ -560,7 +561,10 @@ class ProcessBackend:
             log.warning("re-timing the finalists failed: %s", reply[1])
             self._restart(f"re-timing failed: {reply[1]}")
             return []
-        return list(reply[1])
+        results = list(reply[1])
+        if results:
+            self._count_warmups(results[0])
+        return results
 
     def calibrate(self, runs: int | None = None) -> dict[str, float | None]:
         """The device's copy bandwidth (GB/s) and matmul ceiling (TFLOP/s), each the median
@@ -579,6 +583,15 @@ class ProcessBackend:
                 self._restart(f"calibration failed: {reply[1]}")
             return {}
         return dict(reply[1])
+
+    def _count_warmups(self, measurement: Measurement) -> None:
+        """The child's warm-ups behind ``measurement`` (``extra["warmups"]``), on the task's
+        clock (``tuner.phases.COUNTS``)."""
+        counts = measurement.extra.get("warmups")
+        if self.clock is not None and isinstance(counts, dict):
+            for name in ("long", "short", "redone"):
+                if counts.get(name):
+                    self.clock.add(f"warmups_{name}", counts[name])
 
     def _clock_add(self, phase: str, seconds: float) -> None:
         if self.clock is not None:

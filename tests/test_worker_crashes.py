@@ -363,6 +363,32 @@ def test_the_gpu_count_honours_cuda_visible_devices(visible, count, tmp_path, mo
     assert count_gpus_without_init() == count
 
 
+@pytest.mark.parametrize(("visible", "count"), [
+    (None, 2), ("0,1", 2), ("1", 1), ("0,7,1", 1), ("", 0), ("GPU-9f8e7d6c", 1)])
+def test_the_gpu_count_reads_the_device_files_where_it_can(visible, count, tmp_path,
+                                                           monkeypatch):
+    """Unset or indices: the GPU device files, without nvidia-smi (here one that counts
+    differently, to tell which answered); UUIDs need nvidia-smi's listing."""
+    from tuner.device import count_gpus_without_init
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (dev / name).write_text("")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_SMI}EOF\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert count_gpus_without_init(str(dev)) == count
+    if visible is None:  # the listing alone would have said 2 as well: take one file away
+        (dev / "nvidia1").unlink()
+        assert count_gpus_without_init(str(dev)) == 1
+
+
 @pytest.mark.timeout(300)
 def test_a_worker_registers_reports_its_task_and_stops(any_db_url, tmp_path):
     factory = init_db(any_db_url)

@@ -172,13 +172,30 @@ def count_visible(value: str | None, listing: str) -> int:
     return count
 
 
-def count_gpus_without_init() -> int:
-    """How many GPUs this process's CUDA would see (``nvidia-smi -L`` under
-    ``CUDA_VISIBLE_DEVICES``; 0 when it is missing)."""
+def gpu_device_files(dev: str = "/dev") -> int:
+    """How many GPU device files (``/dev/nvidia0``, ``/dev/nvidia1``, ...) there are: the GPUs
+    of this machine, or of this container."""
+    try:
+        return sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name))
+    except OSError:
+        return 0
+
+
+def count_gpus_without_init(dev: str = "/dev") -> int:
+    """How many GPUs this process's CUDA would see: the GPU device files under
+    ``CUDA_VISIBLE_DEVICES`` when it is unset or lists indices (``tuner serve`` asks before
+    starting its workers, and ``nvidia-smi`` can take seconds to answer where the driver is
+    not kept loaded), else ``nvidia-smi -L`` (UUIDs); 0 when neither is there."""
     import shutil
     import subprocess
 
-    if not cuda_available_without_init() or shutil.which("nvidia-smi") is None:
+    if not cuda_available_without_init():
+        return 0
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    files = gpu_device_files(dev)
+    if files and (value is None or all(e.isdigit() for e in _visible_entries(value))):
+        return count_visible(value, "".join(f"GPU {i}: /dev/nvidia{i}\n" for i in range(files)))
+    if shutil.which("nvidia-smi") is None:
         return 0
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)

@@ -111,14 +111,17 @@ def test_a_task_waits_for_its_worker_s_imports_before_it_runs(tmp_path):
 def test_separated_needs_every_timing_of_the_fastest_under_every_other_timing():
     assert child_mod.separated([[1.0, 1.1, 1.05], [1.2, 1.3, 1.25], [2.0, 2.1, 2.0]])
     assert not child_mod.separated([[1.0, 1.1, 1.05], [1.08, 1.3, 1.25]])  # 1.1 > 1.08
+    # overlapping, but the medians 0.3% apart: a tie, more rounds would not matter
+    assert child_mod.separated([[1.0, 1.02, 1.01], [1.0, 1.013, 1.02]])
+    assert not child_mod.separated([[1.0, 1.02, 1.01], [1.0, 1.013, 1.02]], tie=0.001)
     assert child_mod.separated([[3.0, 3.0]])
     # the lead is the lowest median, wherever it is listed
     assert child_mod.separated([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]])
 
 
 class Paced:
-    """A kernel whose configs take ``X`` ms a launch; with ``flip``, configs 1 and 2 swap
-    their times every round (a ranking that never settles)."""
+    """A kernel whose configs take ``2 X`` ms a launch; with ``flip``, every other round
+    config 1 takes 4 ms and config 2 2.6 ms (a ranking that never settles, and never ties)."""
 
     def __init__(self, flip: bool = False) -> None:
         self.flip = flip
@@ -131,9 +134,9 @@ class Paced:
     def launch(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
         x = int(config["X"])
         n = self.launches[x] = self.launches.get(x, 0) + 1
-        ms = float(x)
+        ms = 2.0 * x
         if self.flip and (n - 1) // 3 % 2:  # the CPU timer launches 3 times a round
-            ms = 3.0 - ms
+            ms = {1: 4.0, 2: 2.6}[x]  # the lead swaps, and the medians stay 10%+ apart
         time.sleep(ms / 1e3)
 
 

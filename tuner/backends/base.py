@@ -75,8 +75,9 @@ class TimingOptions:
     memory_bound: bool = False
     quiet_power_frac: float = 0.6
     #: a re-timing's rounds stop after this many once the fastest config's timings are all
-    #: under every other config's (the ranking cannot change within the noise it showed);
-    #: ``rounds`` is the most (0: every round)
+    #: under every other config's, or the others' medians are within 0.5% of its own (more
+    #: rounds could only pick between configs whose difference does not matter:
+    #: ``tuner.backends.child.separated``); ``rounds`` is the most (0: every round)
     retime_min_rounds: int = 3
     #: a full timing that starts under this long after the previous one finished (the rounds
     #: of a re-timing, back to back) keeps the usual ``warmup_ms``: the GPU had no time to

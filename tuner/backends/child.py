@@ -445,14 +445,23 @@ def _baseline_fn(state: ChildState, inputs: dict[str, Any],
     return lambda: hook(inputs)
 
 
-def separated(timings: list[list[float]]) -> bool:
-    """Whether the entry of the lowest median was timed faster in every round than every
-    other entry in any round (each list: one entry's timings so far); True for one entry."""
+#: medians closer than this (relative) are a tie: more rounds would only pick between
+#: configs whose difference does not matter (``separated``)
+RETIME_TIE = 0.005
+
+
+def separated(timings: list[list[float]], tie: float = RETIME_TIE) -> bool:
+    """Whether more rounds could not change which entry wins by more than ``tie``: the entry
+    of the lowest median was timed faster in every round than each other entry in any round,
+    or their medians are within ``tie`` of each other (each list: one entry's timings so
+    far); True for one entry."""
     if len(timings) <= 1:
         return True
-    lead = min(range(len(timings)), key=lambda i: statistics.median(timings[i]))
+    medians = [statistics.median(t) for t in timings]
+    lead = min(range(len(timings)), key=medians.__getitem__)
     slowest_lead = max(timings[lead])
-    return all(slowest_lead < min(t) for i, t in enumerate(timings) if i != lead)
+    return all(slowest_lead < min(t) or medians[i] <= medians[lead] * (1 + tie)
+               for i, t in enumerate(timings) if i != lead)
 
 
 def retime(state: ChildState, configs: list[KernelConfig], rounds: int,

@@ -128,6 +128,12 @@ class ChildProcess:
         self.kill()
 
 
+#: the child's compile step for a config the pool compiled takes milliseconds (a load from
+#: Triton's cache, its inputs made); over this it compiled again, which is logged: matmul
+#: 1500x3001x999 spent 10-12 s so in 16 trials on an H100 (bench/NOTES.md, issue 33)
+SLOW_CHILD_COMPILE_S = 0.25
+
+
 def start_steps(spawned: float, marks: dict[str, float], answered: float) -> dict[str, float]:
     """The seconds between the spawn, the child's marks (``child_main``: ``entered``,
     ``torch``, ``device``; ``time.monotonic`` is one clock for every process) and the reply;
@@ -489,6 +495,10 @@ class ProcessBackend:
                 compiled = ready.popleft()
                 wanted.discard(compiled.config)
                 m = self._measure_one(compiled.config)
+                step = m.extra.get("compile_step_s")
+                if isinstance(step, float) and step > SLOW_CHILD_COMPILE_S:
+                    log.info("the child took %.2f s to load %s, which the pool had compiled "
+                             "(%.2f s)", step, compiled.config.key(), compiled.seconds)
                 # a config compiled ahead: the pool's compile time; one compiled for an
                 # earlier problem: the child's own (its load from the cache)
                 done(replace(m, compile_s=compiled.seconds) if compiled.seconds >= 0 else m)

@@ -362,7 +362,12 @@ def _copy_block(src_ptr, dst_ptr, block, rows, cols, dst_rows, dst_cols, stride_
              mask=(r[:, None] < dst_rows) & (c[None, :] < dst_cols))
 
 
-@triton.jit
+# The sizes and the program split are not specialised on (their divisibility by 16): the
+# compile pool builds this kernel on the problem's compile_shape, whose block counts divide
+# differently, and a specialised key made the GPU child compile it again for every problem
+# (bench/results/compile_keys_h100.md); a copy's masks gain nothing from it.
+@triton.jit(do_not_specialize=["rows", "cols", "dst_rows", "dst_cols", "rows2", "cols2",
+                               "dst_rows2", "dst_cols2", "first2"])
 def _stage_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_src, stride_dst,
                   src2_ptr, dst2_ptr, rows2, cols2, dst_rows2, dst_cols2, stride_src2,
                   stride_dst2, first2, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -52,6 +52,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problem", action="append", required=True)
     parser.add_argument("--configs", type=int, default=4, help="known-good configs a problem")
+    parser.add_argument("--config", action="append", default=[],
+                        help="a config's key (A=1,B=2,...) to probe as well, on every problem")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -59,6 +61,7 @@ def main() -> int:
 
     from bench.tuning_time import parse_problem
     from search_spaces import get_kernel
+    from tuner.config import KernelConfig
     from tuner.kernel import compile_hook, compile_inputs_for
 
     lines = ["# The pool's and the child's cache keys of one config (issue 33)", "",
@@ -73,7 +76,11 @@ def main() -> int:
         small = compile_inputs_for(kernel, problem.shape, problem.dtype, "cuda")
         full = kernel.make_inputs(problem.shape, problem.dtype, "cuda", 1)
         lines += [f"## {text}", ""]
-        for config in kernel.known_good_configs(problem.shape, problem.dtype)[:args.configs]:
+        listed = [KernelConfig({k: int(v) for k, v in (item.split("=") for item in
+                                                        text.split(","))})
+                  for text in args.config]
+        for config in [*kernel.known_good_configs(problem.shape, problem.dtype)[:args.configs],
+                       *listed]:
             before = {n: _keys(f) for n, f in fns.items()}
             compile_fn(config, small)
             pooled = {n: _keys(f) - before[n] for n, f in fns.items()}

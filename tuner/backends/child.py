@@ -378,7 +378,7 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
     """Compile, verify and time one config. Returns the measurement and whether it was sticky.
     The GPU is settled first when due (``settle_due``), with this config as the load."""
     state.counter += 1
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device,
                                           state.seed + state.counter)
@@ -388,6 +388,7 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         return _failure(config, exc), False
     compile_s = time.perf_counter() - t0
+    compile_cpu_s = time.process_time() - cpu0  # a compile's passes run here; a load is I/O
     added = _cache_entries() - cached if cached >= 0 else -1
     send(("compiled", compile_s))
     try:
@@ -412,7 +413,8 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
     extra["timing"] = timing_method(timing)
     extra["compile_step_s"] = round(compile_s, 4)  # the child's own: inputs, then the binary
     extra["inputs_s"] = round(inputs_s, 4)
-    extra["cache_added"] = added  # binaries this compile step wrote: it compiled them
+    extra["cache_added"] = added  # binaries the cache gained meanwhile (the pool's too)
+    extra["compile_cpu_s"] = round(compile_cpu_s, 4)
     extra["warmups"] = state.take_warmups()
     if quick:
         extra["quick"] = True

@@ -78,8 +78,11 @@ def start(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def retry_lines(log: Path) -> list[str]:
-    return [line for line in log.read_text().splitlines() if RETRYING in line]
+def retry_lines(log: Path, who: str = "tuner") -> list[str]:
+    """The retry lines of ``who`` (``tuner serve``'s workers, waiting beside it, say
+    ``tuner worker``)."""
+    return [line for line in log.read_text().splitlines()
+            if RETRYING in line and line.startswith(f"{who}: ")]
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -107,6 +110,10 @@ def test_an_unreachable_postgresql_at_start_is_waited_for_one_line_per_attempt(
                             "retrying in 1 s (Ctrl-C to stop)")
         assert "retrying in 2 s" in lines[1]  # the wait doubles
         assert proc.poll() is None
+        if command == "serve":  # its worker, started before the database answered, waits too
+            assert wait_for(lambda: retry_lines(log, "tuner worker"), proc, timeout=30)[0] == (
+                f"tuner worker: database {url} unreachable (connection refused); retrying in "
+                "1 s (Ctrl-C to stop)")
         assert "Traceback" not in log.read_text()
     finally:
         stop(proc)

@@ -47,11 +47,12 @@ FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 15.0
 
 
-def wait_for_database(settings: Settings, sleep: Callable[[float], None] = time.sleep
-                      ) -> sessionmaker[Session]:
+def wait_for_database(settings: Settings, sleep: Callable[[float], None] = time.sleep,
+                      who: str = "tuner") -> sessionmaker[Session]:
     """The service database's session factory (``init_db``), once it answers. Until then (a
     PostgreSQL server down, a SQLite folder missing or unwritable) one line on stderr per
-    attempt, and waits doubling up to ``MAX_RETRY_S``. A URL that can never work raises
+    attempt, starting with ``who`` (``tuner serve``'s workers say ``tuner worker``: they wait
+    beside it), and waits doubling up to ``MAX_RETRY_S``. A URL that can never work raises
     DatabaseUrlError at once (the CLI: one line, exit 2). The embedded default's folder is
     created; an explicit SQLite URL's folder is waited for: missing, it may be a volume not
     mounted yet, and a file created under the mount point would vanish when it is mounted."""
@@ -67,7 +68,7 @@ def wait_for_database(settings: Settings, sleep: Callable[[float], None] = time.
             return init_db(url, create_folder=not settings.database_url,
                            bounds=settings.database_bounds)
         except (OperationalError, OSError) as exc:
-            print(f"tuner: database {shown_url(url)} unreachable ({unreachable_reason(exc)}); "
+            print(f"{who}: database {shown_url(url)} unreachable ({unreachable_reason(exc)}); "
                   f"retrying in {delay:g} s (Ctrl-C to stop)", file=sys.stderr, flush=True)
         sleep(delay)
         delay = min(delay * 2, MAX_RETRY_S)
@@ -114,7 +115,7 @@ def _stored_calibration(factory: Any, device_key: str, max_age_hours: float
 
 
 def _start_first(settings: Settings, kind: str, device_index: int,
-                 compile_workers: int | None) -> tuple[Any, dict[str, Any]]:
+                 compile_workers: int | None, who: str = "tuner") -> tuple[Any, dict[str, Any]]:
     """The worker's measuring child and compile pool, started first (this thread spawns them:
     it outlives them), while another thread reaches the store (``wait_for_database``: its
     lines alone on stderr until the database answers) and imports the worker's modules.
@@ -129,7 +130,7 @@ def _start_first(settings: Settings, kind: str, device_index: int,
     def reach() -> None:
         t0 = time.monotonic()
         try:
-            reached["factory"] = wait_for_database(settings)
+            reached["factory"] = wait_for_database(settings, who=who)
             import tuner.app.worker  # noqa: F401 - imported here, beside the child's start
         except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
             reached["error"] = exc
@@ -234,7 +235,9 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     before_main = process_age_s()
     kind = resolve_backend_kind(backend)
     compile_workers = compile_workers_for(settings, kind, workers_on_host)
-    early, steps = _start_first(settings, kind, device_index, compile_workers)
+    # serve's workers wait for the database beside serve itself: their lines say whose they are
+    early, steps = _start_first(settings, kind, device_index, compile_workers,
+                                "tuner" if parent_pid is None else "tuner worker")
     if before_main is not None:  # this process's Python start and imports, before all that
         steps["worker_python"] = before_main
     from tuner.app.dispatch import make_dispatcher

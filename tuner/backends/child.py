@@ -283,15 +283,6 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
     return samples[0], samples[1], samples[2], False
 
 
-def _cache_entries() -> int:
-    """How many binaries Triton's disk cache holds (its folders); -1 where it cannot say."""
-    folder = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
-    try:
-        return len(os.listdir(folder))
-    except OSError:
-        return -1
-
-
 def _compile(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> None:
     """The kernel's optional ``compile`` hook, on a GPU (without one, or on the interpreter,
     the first launch compiles)."""
@@ -383,13 +374,11 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
         inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device,
                                           state.seed + state.counter)
         inputs_s = time.perf_counter() - t0
-        cached = _cache_entries()
         _compile(state, config, inputs)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
         return _failure(config, exc), False
     compile_s = time.perf_counter() - t0
     compile_cpu_s = time.process_time() - cpu0  # a compile's passes run here; a load is I/O
-    added = _cache_entries() - cached if cached >= 0 else -1
     send(("compiled", compile_s))
     try:
         wrong = _verify(state, config, inputs)
@@ -413,7 +402,6 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
     extra["timing"] = timing_method(timing)
     extra["compile_step_s"] = round(compile_s, 4)  # the child's own: inputs, then the binary
     extra["inputs_s"] = round(inputs_s, 4)
-    extra["cache_added"] = added  # binaries the cache gained meanwhile (the pool's too)
     extra["compile_cpu_s"] = round(compile_cpu_s, 4)
     extra["warmups"] = state.take_warmups()
     if quick:

@@ -498,10 +498,10 @@ class ProcessBackend:
                 step = m.extra.get("compile_step_s")
                 if isinstance(step, float) and step > SLOW_CHILD_COMPILE_S:
                     log.info("the child took %.2f s (%.2f s of it its inputs, %.2f s of its "
-                             "CPU; the cache gained %s binaries meanwhile) to load %s, which "
-                             "the pool had compiled (%.2f s)", step,
-                             m.extra.get("inputs_s") or 0.0, m.extra.get("compile_cpu_s") or 0.0,
-                             m.extra.get("cache_added"), compiled.config.key(), compiled.seconds)
+                             "CPU: a compile) to load %s, which the pool had compiled (%.2f s)",
+                             step, m.extra.get("inputs_s") or 0.0,
+                             m.extra.get("compile_cpu_s") or 0.0, compiled.config.key(),
+                             compiled.seconds)
                 # a config compiled ahead: the pool's compile time; one compiled for an
                 # earlier problem: the child's own (its load from the cache)
                 done(replace(m, compile_s=compiled.seconds) if compiled.seconds >= 0 else m)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -345,6 +346,19 @@ def test_an_index_beyond_the_visible_devices_is_an_error(visible, index):
         visible_device_for(index, {"CUDA_VISIBLE_DEVICES": visible})
 
 
+def _fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str | None) -> None:
+    """An ``nvidia-smi`` on PATH listing ``_SMI`` (two GPUs, one MIG device), and
+    ``CUDA_VISIBLE_DEVICES`` set to ``visible`` (None: unset)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_SMI}EOF\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+
+
 @pytest.mark.parametrize(("visible", "count"), [
     (None, 2), ("0,1", 2), ("1", 1), ("0,7,1", 1), ("7", 0), ("", 0), ("-1", 0),
     ("GPU-9f8e7d6c", 1), ("GPU-0a1b,GPU-9f8e", 2), ("MIG-5a5a5a5a", 1), ("GPU-ffff", 0),
@@ -352,41 +366,24 @@ def test_an_index_beyond_the_visible_devices_is_an_error(visible, index):
 def test_the_gpu_count_honours_cuda_visible_devices(visible, count, tmp_path, monkeypatch):
     from tuner.device import count_gpus_without_init
 
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_SMI}EOF\n")
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert count_gpus_without_init() == count
+    _fake_gpus(tmp_path, monkeypatch, visible)
+    assert count_gpus_without_init(str(tmp_path / "no-dev")) == count
 
 
 @pytest.mark.parametrize(("visible", "count"), [
-    (None, 2), ("0,1", 2), ("1", 1), ("0,7,1", 1), ("", 0), ("GPU-9f8e7d6c", 1)])
+    (None, 3), ("0,1", 2), ("2", 1), ("0,7,1", 1), ("", 0), ("GPU-9f8e7d6c", 1)])
 def test_the_gpu_count_reads_the_device_files_where_it_can(visible, count, tmp_path,
                                                            monkeypatch):
-    """Unset or indices: the GPU device files, without nvidia-smi (here one that counts
-    differently, to tell which answered); UUIDs need nvidia-smi's listing."""
+    """Unset or indices: the GPU device files (three here, where nvidia-smi lists two, to
+    tell which answered), without nvidia-smi; UUIDs need nvidia-smi's listing."""
     from tuner.device import count_gpus_without_init
 
     dev = tmp_path / "dev"
     dev.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
         (dev / name).write_text("")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_SMI}EOF\n")
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    _fake_gpus(tmp_path, monkeypatch, visible)
     assert count_gpus_without_init(str(dev)) == count
-    if visible is None:  # the listing alone would have said 2 as well: take one file away
-        (dev / "nvidia1").unlink()
-        assert count_gpus_without_init(str(dev)) == 1
 
 
 @pytest.mark.timeout(300)

@@ -381,18 +381,19 @@ class ProcessBackend:
         first batch's configs, while the search builds its strategy and no batch runs. A
         config compiled already, queued or known from an earlier problem of this
         specialisation is not queued again."""
-        if self._pool is None:
-            return
-        fresh = [c for c in dict.fromkeys(configs) if c not in self._compiled
-                 and c not in self._ahead and c not in self._known]
-        self._ahead.update(fresh)
-        self._pool.submit(fresh)
+        if self._pool is not None:
+            self._queue_ahead(configs)
 
     def _submit_ahead(self) -> None:
+        pending, self._pending = self._pending, []
+        self._queue_ahead(pending)
+
+    def _queue_ahead(self, configs: Sequence[KernelConfig]) -> None:
+        """Queue on the pool, behind any batch, the configs not compiled, queued or known
+        already (``compile_now``, ``prefetch``'s ``_submit_ahead``)."""
         assert self._pool is not None
-        fresh = [c for c in self._pending if c not in self._compiled and c not in self._ahead
-                 and c not in self._known]
-        self._pending = []
+        fresh = [c for c in dict.fromkeys(configs) if c not in self._compiled
+                 and c not in self._ahead and c not in self._known]
         self._ahead.update(fresh)
         self._pool.submit(fresh)
 

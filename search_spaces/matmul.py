@@ -364,10 +364,12 @@ def _copy_block(src_ptr, dst_ptr, block, rows, cols, dst_rows, dst_cols, stride_
 
 # Its sizes are specialised on (divisibility by 16), which lets the copy vectorise: left
 # unspecialised (do_not_specialize) the same ALIGN=1 config ran 0.0589 ms against 0.0441 ms on
-# 1500x3001x999 fp16 (bench/results/tuning_time_33b_h100/). So the compile pool's binary of it,
-# built on compile_shape inputs whose block counts divide differently, is not the GPU child's
-# (bench/results/compile_keys_h100.md): the child compiles it once a problem.
-@triton.jit
+# 1500x3001x999 fp16 (bench/results/tuning_time_33b_h100/). Only ``first2``, the program split
+# (compared with the program id, never an address), is not: the compile pool builds the copy on
+# compile_shape inputs, whose sizes divide like the problem's but whose block counts do not
+# (bench/results/compile_keys_h100.md), and a specialised split made the GPU child compile the
+# copy again for every unaligned problem.
+@triton.jit(do_not_specialize=["first2"])
 def _stage_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_src, stride_dst,
                   src2_ptr, dst2_ptr, rows2, cols2, dst_rows2, dst_cols2, stride_src2,
                   stride_dst2, first2, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,

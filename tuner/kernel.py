@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from tuner.code_hash import code_version
 from tuner.config import KernelConfig
 from tuner.space import ProblemContext, SearchSpace
+from tuner.triton_keys import settle_cache_keys
 
 
 @dataclass(frozen=True)
@@ -377,6 +378,12 @@ def builtin_version(kernel: Any, *launched: Any) -> str:
 
 
 def load_ref(ref: str) -> Any:
-    """Import ``"package.module:ATTR"``: how child processes find the kernel they measure."""
+    """Import ``"package.module:ATTR"``: how child processes find the kernel they measure.
+    The Triton cache keys of the module's JIT functions are computed here, callees first
+    (``tuner.triton_keys``): a process that compiles one of them later has the keys that
+    every other process has, whatever it compiles first."""
     module_name, _, attr = ref.partition(":")
-    return with_defaults(getattr(importlib.import_module(module_name), attr or "KERNEL"))
+    module = importlib.import_module(module_name)
+    kernel = getattr(module, attr or "KERNEL")
+    settle_cache_keys(module, kernel)
+    return with_defaults(kernel)

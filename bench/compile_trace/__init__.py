@@ -1,0 +1,1 @@
+"""Trace Triton's compiles across processes (see ``sitecustomize.py``)."""

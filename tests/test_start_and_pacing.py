@@ -77,6 +77,35 @@ def test_the_worker_warms_its_imports_of_torch_and_the_built_in_kernels():
     assert {"torch", "triton", *modules} <= set(sys.modules) and done.is_set()
 
 
+def test_the_worker_s_imports_begin_once_the_store_answers_beside_the_child_s_start(
+        tmp_path, monkeypatch):
+    """``_start_first`` starts the task imports once the store answered (not after the
+    worker is ready: the first task of an H100 run waited 3.8 s for them); a database URL
+    that can never work starts none and raises."""
+    import threading
+
+    from tuner.app import service
+    from tuner.settings import Settings
+
+    calls: list[str] = []
+    monkeypatch.setattr(service, "warm_imports",
+                        lambda done: (calls.append(threading.current_thread().name),
+                                      done.set()))
+    warmed = threading.Event()
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'w.db'}", worker_keep_seconds=0)
+    early, steps = service._start_first(settings, "interpret", 0, None, warmed=warmed)
+    assert early is None and "factory" in steps
+    assert warmed.wait(10) and calls == ["warm-imports"]
+
+    from tuner.errors import DatabaseUrlError
+
+    unreachable = threading.Event()
+    bad = Settings(database_url="nosuchdialect://somewhere/db", worker_keep_seconds=0)
+    with pytest.raises(DatabaseUrlError):
+        service._start_first(bad, "interpret", 0, None, warmed=unreachable)
+    assert not unreachable.wait(0.5) and calls == ["warm-imports"]
+
+
 def test_a_task_waits_for_its_worker_s_imports_before_it_runs(tmp_path):
     """A task claimed while the worker still imports (``Worker.warmed`` clear) starts once
     the imports are done, not beside them."""

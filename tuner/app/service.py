@@ -115,14 +115,16 @@ def _stored_calibration(factory: Any, device_key: str, max_age_hours: float
 
 
 def _start_first(settings: Settings, kind: str, device_index: int,
-                 compile_workers: int | None, who: str = "tuner") -> tuple[Any, dict[str, Any]]:
+                 compile_workers: int | None, who: str = "tuner",
+                 warmed: threading.Event | None = None) -> tuple[Any, dict[str, Any]]:
     """The worker's measuring child and compile pool, started first (this thread spawns them:
     it outlives them), while another thread reaches the store (``wait_for_database``: its
-    lines alone on stderr until the database answers) and imports the worker's modules.
-    Returns the backend (None: not kept, or it failed to start: logged, the first task starts
-    its own) and ``{"factory": the store's session factory, "child_and_pool": seconds,
-    "store": seconds}``. An error reaching the store (a URL that can never work) is raised
-    here, after the backend is closed."""
+    lines alone on stderr until the database answers) and imports the worker's modules, then
+    (with ``warmed``, set when done) what its tasks import (``warm_imports``), still beside
+    the child's start. Returns the backend (None: not kept, or it failed to start: logged,
+    the first task starts its own) and ``{"factory": the store's session factory,
+    "child_and_pool": seconds, "store": seconds}``. An error reaching the store (a URL that
+    can never work) is raised here, after the backend is closed."""
     from tuner.app.prestart import start_measuring
 
     reached: dict[str, Any] = {}
@@ -135,6 +137,8 @@ def _start_first(settings: Settings, kind: str, device_index: int,
         except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
             reached["error"] = exc
         reached["store"] = time.monotonic() - t0
+        if warmed is not None and "error" not in reached:
+            _start_thread("warm-imports", warm_imports, warmed)
 
     thread = threading.Thread(target=reach, name="reach-store", daemon=True)
     thread.start()
@@ -236,12 +240,13 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     kind = resolve_backend_kind(backend)
     compile_workers = compile_workers_for(settings, kind, workers_on_host)
     # serve's workers wait for the database beside serve itself: their lines say whose they are
+    warmed = threading.Event()
     early, steps = _start_first(settings, kind, device_index, compile_workers,
-                                "tuner" if parent_pid is None else "tuner worker")
+                                "tuner" if parent_pid is None else "tuner worker", warmed)
     if before_main is not None:  # this process's Python start and imports, before all that
         steps["worker_python"] = before_main
     from tuner.app.dispatch import make_dispatcher
-    from tuner.app.worker import Worker
+    from tuner.app.worker import WARM_WAIT_S, Worker
 
     _log_at_info()
     factory = steps.pop("factory")
@@ -274,14 +279,20 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
                   settings.worker_health_file or None)
     try:
         worker.prestart()  # started above on a GPU; on the interpreter, here
+        # ready once its tasks' imports are done too (begun once the store answered, beside
+        # the child's start): a task claimed before would wait for them
+        worker.warmed = warmed
+        t0 = time.monotonic()
+        if not warmed.wait(WARM_WAIT_S):
+            log.warning("the worker's imports took over %.0f s; its first task waits for them",
+                        WARM_WAIT_S)
+        steps["imports_wait"] = time.monotonic() - t0
         ready = "".join(f" {k}_s={v:.2f}" for k, v in steps.items())
         log.info("worker %s serving device %s (%s; dispatch: %s): ready_s=%.2f%s "
                  "calibration=%s", worker.id, fingerprint.key, kind, dispatcher.name,
                  time.monotonic() - started, ready,
                  "reused" if calibration.get("reused") else
                  "measured" if calibration.get("copy_gbps") else "none")
-        worker.warmed.clear()
-        _start_thread("warm-imports", warm_imports, worker.warmed)
         worker.report("idle")
         dispatcher.serve(worker)  # the embedded one runs the reaper beside the worker
     finally:
@@ -347,11 +358,11 @@ def _log_at_info() -> None:
 
 
 def warm_imports(done: threading.Event | None = None) -> None:
-    """Import what a worker's first task needs (torch, Triton, the built-in kernels' modules)
-    while it idles, then set ``done``: nothing of it is needed to be ready (its GPU child
-    imports its own), and torch's import alone took 3.3 s on an H100 machine, which the first
-    task would pay. A module that fails to import is left to the task that needs it (which
-    says why)."""
+    """Import what a worker's tasks need (torch, Triton, the built-in kernels' modules) beside
+    its GPU child's start, then set ``done``: the worker says it is ready once this is done
+    too (the first task of the eleventh session's H100 runs waited 3.8 s for these imports,
+    begun only once the worker was ready). A module that fails to import is left to the task
+    that needs it (which says why)."""
     import importlib
 
     from search_spaces.registry import BUILTINS

@@ -621,8 +621,9 @@ class Worker:
         self.healthy = True
         self.last_error: str | None = None
         #: set once this process imported what tasks need (``tuner.app.service.warm_imports``,
-        #: started when the worker is ready): a task waits for it (``WARM_WAIT_S`` at most)
-        #: rather than import beside it, each slowing the other under one GIL
+        #: begun beside the child's start; the worker is ready once it is set, or after
+        #: ``WARM_WAIT_S``): a task waits for it (``WARM_WAIT_S`` at most) rather than import
+        #: beside it, each slowing the other under one GIL
         self.warmed = threading.Event()
         self.warmed.set()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -186,6 +187,31 @@ def test_retiming_runs_every_round_while_the_ranking_is_not_settled_or_when_aske
     assert [m.extra["rounds"] for m in out] == [5, 5]
     every = TimingOptions(compile_timeout_s=30, run_timeout_s=30, retime_min_rounds=0)
     assert [m.extra["rounds"] for m in _retime(Paced(), 4, every)] == [4, 4]
+
+
+def test_a_retiming_round_runs_retime_rep_ms_and_a_trial_rep_ms(monkeypatch):
+    import tuner.gpu_timer
+
+    reps: list[float] = []
+
+    def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
+              quantiles: Any = None) -> list[float]:
+        reps.append(rep)
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
+    monkeypatch.setattr(child_mod.ChildState, "gpu_sample", lambda self: None)
+    state = child_mod.ChildState("cuda")
+    state.kernel = Paced()
+    timing = TimingOptions(rep_ms=40, retime_rep_ms=20, quick_rep_ms=0, settle_max_ms=0)
+    child_mod._time_fn(state, lambda: None, timing)
+    assert reps == [40]
+    reps.clear()
+    out = child_mod.retime(state, [KernelConfig(X=1), KernelConfig(X=2)], 3, timing)
+    assert reps == [20] * 6 and [m.extra["rounds"] for m in out] == [3, 3]
+    reps.clear()
+    child_mod.retime(state, [KernelConfig(X=1)], 3, replace(timing, retime_rep_ms=0))
+    assert reps == [40] * 3  # 0: the trials' rep_ms
 
 
 # -- memory-bound problems: the warm-up only where the power limiter may hold the clock ---------

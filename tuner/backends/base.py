@@ -79,6 +79,10 @@ class TimingOptions:
     #: rounds could only pick between configs whose difference does not matter:
     #: ``tuner.backends.child.separated``); ``rounds`` is the most (0: every round)
     retime_min_rounds: int = 3
+    #: do_bench's ``rep`` for each re-timing round (0: ``rep_ms``): the rounds' median is the
+    #: re-timing's number, so each round needs fewer runs than a trial's single timing; half
+    #: of ``rep_ms`` halves a phase that took 0.6-2.0 s of every task on an H100 (issue 33)
+    retime_rep_ms: float = 20.0
     #: a full timing that starts under this long after the previous one finished (the rounds
     #: of a re-timing, back to back) keeps the usual ``warmup_ms``: the GPU had no time to
     #: regain its boost clock

@@ -23,6 +23,7 @@ carries the GPU's state (``extra["gpu"]``) on a GPU, and is taken with its optio
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import math
 import os
@@ -476,7 +477,9 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     (``KernelConfig({})``, ``extra["baseline"]``) when asked for and the kernel has one.
     ``rounds`` is the most: after ``timing.retime_min_rounds`` the rounds stop once the
     fastest config is ``separated`` from the other configs (``extra["rounds"]`` says how many
-    ran)."""
+    ran). Each round's timing runs ``timing.retime_rep_ms`` (else ``rep_ms``)."""
+    if timing.retime_rep_ms > 0:
+        timing = dataclasses.replace(timing, rep_ms=timing.retime_rep_ms)
     inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
     entries: list[tuple[KernelConfig, Callable[[], Any], dict[str, Any]]] = [
         (c, partial(state.kernel.launch, c, inputs), {}) for c in configs]

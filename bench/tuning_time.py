@@ -352,16 +352,19 @@ class _Service:
 def ready_after(log: str, started_at: float) -> dict[str, float]:
     """From the service's log: seconds from ``started_at`` (the command's ``time.time()``)
     to the worker's ready line (its logging time, local, to the millisecond), and to the
-    workers' start as ``serve`` counts it ("started 0.37 s after this command")."""
+    workers' start as ``serve`` counts it ("started 0.37 s after this command"), and to the
+    line its compile pool logs once every process of it is ready ("compile pool warm")."""
     import datetime
     import re
 
     out: dict[str, float] = {}
-    ready = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ [\w.]+: worker .* "
-                      r"ready_s=", log, re.MULTILINE)
-    if ready:
-        when = datetime.datetime.strptime(ready.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
-        out["worker_ready_after_command"] = when + int(ready.group(2)) / 1e3 - started_at
+    stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ [\w.]+: "
+    for key, line in (("worker_ready_after_command", r"worker .* ready_s="),
+                      ("pool_warm_after_command", r"compile pool warm: ")):
+        found = re.search(stamp + line, log, re.MULTILINE)
+        if found:
+            when = datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            out[key] = when + int(found.group(2)) / 1e3 - started_at
     spawned = re.search(r"started ([\d.]+) s after this command", log)
     if spawned:
         out["workers_started_after_command"] = float(spawned.group(1))
@@ -517,7 +520,8 @@ PHASE_HEADER = ("queued | setup | compile wait | compile (child) | measuring | r
 def _start_text(name: str, start: Mapping[str, Any] | None) -> str:
     if not start:
         return f"- {name}: not measured"
-    apart = ("wall_s", "ready_s", "worker_ready_after_command", "workers_started_after_command")
+    apart = ("wall_s", "ready_s", "worker_ready_after_command", "workers_started_after_command",
+             "pool_warm_after_command")
     steps = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in start.items()
                       if k not in apart and isinstance(v, (int, float)))
     worker = start.get("worker_ready_after_command")
@@ -526,10 +530,14 @@ def _start_text(name: str, start: Mapping[str, Any] | None) -> str:
         head = (f"**{start['wall_s']:.1f} s** from the command to an idle worker ({met} the "
                 f"{TARGET_READY_S_33:.0f} s target)")
     else:
-        met = "met" if worker <= TARGET_READY_S_33 else "missed"
-        head = (f"the worker ready to measure **{worker:.1f} s** after the command ({met} the "
-                f"{TARGET_READY_S_33:.0f} s target; its log line's time), its process started "
-                f"{_fmt(start.get('workers_started_after_command'), '.2f')} s after it; "
+        pool = start.get("pool_warm_after_command")
+        both = max(worker, pool) if pool is not None else worker
+        met = "met" if both <= TARGET_READY_S_33 else "missed"
+        warm = ("" if pool is None else f", its compile pool warm **{pool:.1f} s** after it "
+                "(the target counts the later of the two)")
+        head = (f"the worker ready to measure **{worker:.1f} s** after the command (its log "
+                f"line's time){warm} ({met} the {TARGET_READY_S_33:.0f} s target); its process "
+                f"started {_fmt(start.get('workers_started_after_command'), '.2f')} s after it; "
                 f"/healthz showed it idle after {start['wall_s']:.1f} s (the API up too)")
     return (f"- {name}: {head}; the worker's own count from its process start: "
             f"{_fmt(start.get('ready_s'), '.2f')} s ({steps}; the calibration "

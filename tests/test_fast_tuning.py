@@ -229,14 +229,21 @@ def test_the_loop_compiles_ahead_the_warm_start_then_the_models_ranking():
     assert len(result.trials) == 20
 
 
-def test_a_batch_compiles_before_configs_compiled_ahead():
+def test_a_batch_compiles_before_configs_compiled_ahead(caplog):
+    import logging
+
     from tests.fakes.faulty import COMPILE_ERROR, GOOD, KERNEL
     from tuner.backends.compile_pool import CompilePool
 
     def cfg(mode: int, slow: int) -> KernelConfig:
         return KernelConfig(MODE=mode, SLOW=slow)
 
+    caplog.set_level(logging.INFO, logger="tuner.backends.compile_pool")
     pool = CompilePool("interpret", KERNEL.ref, {"N": 1000}, "float32", 1, 30.0)
+    # once every process is ready it says so (a worker's start is done then)
+    assert pool.all_ready_s is not None and any(
+        r.getMessage().startswith("compile pool warm: 1 of 1 processes ready")
+        for r in caplog.records)
     try:
         ahead = [cfg(GOOD, 1), cfg(GOOD, 2), cfg(GOOD, 3), cfg(COMPILE_ERROR, 1)]
         pool.submit(ahead)

@@ -221,6 +221,10 @@ class CompilePool:
     def _note_all_ready(self) -> None:
         if self.all_ready_s is None and all(s.ready or s.failed for s in self._slots):
             self.all_ready_s = time.monotonic() - self._started
+            # a worker's start is done once its pool is warm too (bench/tuning_time.py reads
+            # this line's time)
+            log.info("compile pool warm: %d of %d processes ready %.2f s after it started",
+                     sum(s.ready for s in self._slots), len(self._slots), self.all_ready_s)
 
     def _collect_starting(self) -> None:
         """Processes still starting that said ready (or failed) since last looked. One that

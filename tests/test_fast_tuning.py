@@ -229,6 +229,48 @@ def test_the_loop_compiles_ahead_the_warm_start_then_the_models_ranking():
     assert len(result.trials) == 20
 
 
+def test_a_held_pool_starts_its_processes_then_waits_for_release():
+    """``hold``: the processes start (imports) beside a GPU child's start and make their
+    inputs on the device only once released; a held pool cannot be waited for, and closes
+    cleanly while held."""
+    import os
+
+    from tests.fakes.faulty import GOOD, KERNEL
+    from tuner.backends.compile_pool import CompilePool
+
+    held = CompilePool("interpret", KERNEL.ref, {"N": 1000}, "float32", 2, 30.0,
+                       wait_ready=False, hold=True)
+    try:
+        with pytest.raises(RuntimeError, match="released"):
+            held.wait_ready()
+        held.retarget({"N": 500}, "float32")  # what it is released for: the problem now
+        held.release()
+        held.wait_ready(at_least=0)
+        held.submit([KernelConfig(MODE=GOOD, SLOW=1), KernelConfig(MODE=GOOD, SLOW=2)])
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += held.poll(1.0)
+        assert sorted(c.config["SLOW"] for c in got) == [1, 2]
+        assert all(c.failure is None for c in got)
+    finally:
+        held.close()
+    closing = CompilePool("interpret", KERNEL.ref, {"N": 1000}, "float32", 1, 30.0,
+                          wait_ready=False, hold=True)
+    t0 = time.monotonic()
+    closing.close()
+    assert time.monotonic() - t0 < 10
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    assert not any(alive(pid) for pid in (*held.pids, *closing.pids))
+
+
 def test_a_batch_compiles_before_configs_compiled_ahead(caplog):
     import logging
 

@@ -53,7 +53,8 @@ def default_pool_size(workers_on_host: int = 1) -> int:
 
 
 def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, int],
-               dtype: str, device_index: int, parent_pid: int | None = None) -> None:
+               dtype: str, device_index: int, parent_pid: int | None = None,
+               hold: bool = False) -> None:
     os.setpgrp()  # the parent kills a timed-out compile together with the compilers it started
     from tuner.backends.child import die_with_parent, stacks_on_sigusr1
     from tuner.backends.compiler_output import captured_stdout, pass_on
@@ -75,6 +76,13 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         else:  # the worker's device (its index among the visible ones) as cuda:0
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
         kernel = load_ref(kernel_ref)
+        if hold:  # imported; the device only once the parent says (``CompilePool.release``)
+            go = conn.recv()
+            if go is None:
+                return
+            _op, ref, shape, dtype = go
+            if ref != kernel_ref:
+                kernel, kernel_ref = load_ref(ref), ref
 
         def load(shape: dict[str, int]) -> tuple[Any, dict[str, Any]]:
             compile_fn = compile_hook(kernel)  # without it, the GPU child compiles
@@ -157,8 +165,13 @@ class CompilePool:
 
     def __init__(self, kind: str, kernel_ref: str, shape: dict[str, int], dtype: str,
                  size: int, timeout_s: float, device_index: int = 0,
-                 start_timeout_s: float = 180.0, wait_ready: bool = True) -> None:
+                 start_timeout_s: float = 180.0, wait_ready: bool = True,
+                 hold: bool = False) -> None:
         self._args = (kind, kernel_ref, shape, dtype, device_index)
+        #: ``hold``: the processes import (the kernel's module, torch, Triton) and then wait
+        #: for ``release`` before they start the device and make their inputs, so that a GPU
+        #: child started beside them starts its device first
+        self._held = hold
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self._started = time.monotonic()
         #: seconds from the start to the last process ready (or failed); None before
@@ -190,6 +203,8 @@ class CompilePool:
         from the pool's start to its last process ready (or failed)."""
         if self._thread is not None:
             return
+        if self._held:
+            raise RuntimeError("a held compile pool is released before it is waited for")
         wanted = len(self._slots) if at_least is None else max(0, min(at_least,
                                                                     len(self._slots)))
         try:
@@ -242,9 +257,24 @@ class CompilePool:
                 _kill(slot.process)
         self._note_all_ready()
 
+    def release(self) -> None:
+        """Let held processes (``hold``) start the device and make their inputs, for the
+        problem the pool compiles for now."""
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+            for slot in self._slots:
+                try:
+                    slot.conn.send(("shape", self._args[1], self._args[2], self._args[3]))
+                except (BrokenPipeError, OSError):
+                    pass  # found dead when it should say ready
+                slot.generation = self._generation
+
     def _spawn(self) -> _Slot:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_pool_main, args=(child, *self._args, os.getpid()),
+        process = self._ctx.Process(target=_pool_main,
+                                    args=(child, *self._args, os.getpid(), self._held),
                                     daemon=True, name="tuner-compile")
         process.start()
         child.close()

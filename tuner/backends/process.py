@@ -51,7 +51,10 @@ class _Interrupted(Exception):
 class ChildProcess:
     """One spawned child and its pipe. ``call`` waits for a reply with a deadline."""
 
-    def __init__(self, kind: str, device_index: int, start_timeout_s: float) -> None:
+    def __init__(self, kind: str, device_index: int, start_timeout_s: float,
+                 spawned_hook: Callable[[], None] | None = None) -> None:
+        """``spawned_hook``: called once the process is spawned, before its start is waited
+        for (the backend starts its compile pool there)."""
         ctx = mp.get_context("spawn")
         spawned = time.monotonic()
         self.conn, child_conn = ctx.Pipe()
@@ -61,6 +64,8 @@ class ChildProcess:
         self.process.start()
         child_conn.close()
         try:
+            if spawned_hook is not None:
+                spawned_hook()
             reply = self.receive(start_timeout_s)
         except (_Timeout, _Died) as exc:
             self.kill()
@@ -216,23 +221,28 @@ class ProcessBackend:
         self._pending: list[KernelConfig] = []  # to compile ahead behind the next batch
         if compile_workers is None:  # the interpreter has nothing to compile ahead
             compile_workers = default_pool_size() if kind == "cuda" else 0
-        # The child starts alone (its CUDA start would queue behind the pool's: measured on an
-        # H100, the child of a 15-process pool started beside it was ready with the pool's
-        # processes, after 5-12 s); then the pool's processes start and are given work as
-        # each is ready, while the backend is already in use.
+        # The pool's processes start beside the child but start the device only once the
+        # child has (``hold``): their CUDA starts would queue the child's (measured on an H100,
+        # the child of a 15-process pool started beside it was ready with the pool's
+        # processes, after 5-12 s), while their imports (torch, Triton, the kernel: 2.1 s
+        # byte-compiled, niced) need not wait. Then they are given work as each is ready,
+        # while the backend is already in use.
         self._pool: CompilePool | None = None
         t0 = time.monotonic()
+        def start_pool() -> None:  # once the child is spawned
+            self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers or 0,
+                                     self.timing.compile_timeout_s, device_index,
+                                     self.timing.start_timeout_s, wait_ready=False, hold=True)
+
         try:
-            self._child = self._start()
+            self._child = self._start(start_pool if compile_workers else None)
             #: seconds the start took: the child (its imports, CUDA, its setup), and its steps
             #: (``ChildProcess.start_steps``, then the setup on its first problem)
             self.start_seconds = {"child": time.monotonic() - t0, **{
                 f"child_{k}": v for k, v in self._child.start_steps.items()},
                 "child_setup": self._child.setup_s}
-            if compile_workers:
-                self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers,
-                                         self.timing.compile_timeout_s, device_index,
-                                         self.timing.start_timeout_s, wait_ready=False)
+            if self._pool is not None:
+                self._pool.release()
                 self._pool.wait_ready(at_least=0)
         except BaseException:
             if self._pool is not None:
@@ -272,8 +282,9 @@ class ProcessBackend:
                    self.timing.settle_warmup_ms if self.timing.settles else 0.0,
                    self.timing.cool_max_ms if self.timing.cools else 0.0) / 1e3
 
-    def _start(self) -> ChildProcess:
-        child = ChildProcess(self.kind, self.device_index, self.timing.start_timeout_s)
+    def _start(self, spawned_hook: Callable[[], None] | None = None) -> ChildProcess:
+        child = ChildProcess(self.kind, self.device_index, self.timing.start_timeout_s,
+                             spawned_hook)
         if child.process.pid is not None:
             self.child_pids.append(child.process.pid)
         try:

@@ -316,9 +316,18 @@ class _Service:
         #: seconds from the command to an idle worker
         self.start_s = time.monotonic() - t0
         #: the worker's own account of its start (its "ready_s=..." log line), and when it
-        #: was ready and started counted from the command (the log's times)
-        text = self.log_path.read_text()
+        #: was ready, its compile pool warm and it started, counted from the command (the
+        #: log's times); a GPU worker's pool may be warm after its ready line: waited for
+        text = self._wait_log(POOL_WARM, time.monotonic() + (60 if backend == "cuda" else 0))
         self.ready = {**ready_line(text), **ready_after(text, started_at)}
+
+    def _wait_log(self, needle: str, deadline: float) -> str:
+        """The log once it holds ``needle``, or as it is at ``deadline``."""
+        while True:
+            text = self.log_path.read_text()
+            if needle in text or time.monotonic() >= deadline:
+                return text
+            time.sleep(0.1)
 
     @property
     def url(self) -> str:
@@ -349,6 +358,10 @@ class _Service:
         self._log.close()
 
 
+#: the line a compile pool logs once every process of it is ready
+POOL_WARM = "compile pool warm: "
+
+
 def ready_after(log: str, started_at: float) -> dict[str, float]:
     """From the service's log: seconds from ``started_at`` (the command's ``time.time()``)
     to the worker's ready line (its logging time, local, to the millisecond), and to the
@@ -360,7 +373,7 @@ def ready_after(log: str, started_at: float) -> dict[str, float]:
     out: dict[str, float] = {}
     stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ [\w.]+: "
     for key, line in (("worker_ready_after_command", r"worker .* ready_s="),
-                      ("pool_warm_after_command", r"compile pool warm: ")):
+                      ("pool_warm_after_command", POOL_WARM)):
         found = re.search(stamp + line, log, re.MULTILINE)
         if found:
             when = datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").timestamp()

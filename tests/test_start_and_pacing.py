@@ -189,29 +189,36 @@ def test_retiming_runs_every_round_while_the_ranking_is_not_settled_or_when_aske
     assert [m.extra["rounds"] for m in _retime(Paced(), 4, every)] == [4, 4]
 
 
-def test_a_retiming_round_runs_retime_rep_ms_and_a_trial_rep_ms(monkeypatch):
+def _fake_gpu_timer(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    """``tuner.gpu_timer.bench`` faked (no GPU here): every timing takes 1 ms; the returned
+    list gets each call's (warm-up, rep)."""
     import tuner.gpu_timer
 
-    reps: list[float] = []
+    calls: list[tuple[float, float]] = []
 
     def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
               quantiles: Any = None) -> list[float]:
-        reps.append(rep)
+        calls.append((warmup, rep))
         return [1.0, 1.0, 1.0]
 
     monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
+    return calls
+
+
+def test_a_retiming_round_runs_retime_rep_ms_and_a_trial_rep_ms(monkeypatch):
+    calls = _fake_gpu_timer(monkeypatch)
     monkeypatch.setattr(child_mod.ChildState, "gpu_sample", lambda self: None)
     state = child_mod.ChildState("cuda")
     state.kernel = Paced()
     timing = TimingOptions(rep_ms=40, retime_rep_ms=20, quick_rep_ms=0, settle_max_ms=0)
     child_mod._time_fn(state, lambda: None, timing)
-    assert reps == [40]
-    reps.clear()
+    assert [rep for _, rep in calls] == [40]
+    calls.clear()
     out = child_mod.retime(state, [KernelConfig(X=1), KernelConfig(X=2)], 3, timing)
-    assert reps == [20] * 6 and [m.extra["rounds"] for m in out] == [3, 3]
-    reps.clear()
+    assert [rep for _, rep in calls] == [20] * 6 and [m.extra["rounds"] for m in out] == [3, 3]
+    calls.clear()
     child_mod.retime(state, [KernelConfig(X=1)], 3, replace(timing, retime_rep_ms=0))
-    assert reps == [40] * 3  # 0: the trials' rep_ms
+    assert [rep for _, rep in calls] == [40] * 3  # 0: the trials' rep_ms
 
 
 # -- memory-bound problems: the warm-up only where the power limiter may hold the clock ---------
@@ -253,16 +260,11 @@ def test_power_pressure_is_the_power_over_its_share_of_the_limit_or_a_power_cap(
 
 
 def test_a_memory_bound_task_warms_up_first_then_only_after_the_power_rose(monkeypatch):
-    import tuner.gpu_timer
+    calls = _fake_gpu_timer(monkeypatch)
 
-    warmups: list[float] = []
 
-    def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
-              quantiles: Any = None) -> list[float]:
-        warmups.append(warmup)
-        return [1.0, 1.0, 1.0]
-
-    monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
+    def warmups() -> list[float]:  # of the timings so far
+        return [w for w, _ in calls]
     state = child_mod.ChildState("cuda")
     monitor = FakeMonitor()
     state.monitor = monitor  # type: ignore[assignment]
@@ -275,14 +277,14 @@ def test_a_memory_bound_task_warms_up_first_then_only_after_the_power_rose(monke
 
     timed()  # the task's first: warmed up; the power after it is quiet
     timed()  # so no warm-up
-    assert warmups == [100, 10] and state.quiet
+    assert warmups() == [100, 10] and state.quiet
     monitor.power_w = 650.0
     timed()  # this one met high power: taken again after the warm-up
-    assert warmups[2:] == [10, 100] and not state.quiet and state.warmup_ms == 100
+    assert warmups()[2:] == [10, 100] and not state.quiet and state.warmup_ms == 100
     monitor.power_w = 250.0
     timed()  # the power was high after the last one: warmed up, then quiet again
     timed()
-    assert warmups[4:] == [100, 10]
+    assert warmups()[4:] == [100, 10]
     assert state.take_warmups() == {"long": 2, "short": 3, "redone": 1}
     # back to back (a re-timing's rounds) the clock is sustained already: a short warm-up,
     # and high power takes nothing again
@@ -290,15 +292,15 @@ def test_a_memory_bound_task_warms_up_first_then_only_after_the_power_rose(monke
     for _ in range(3):
         state.last_busy = time.monotonic()
         child_mod._time_fn(state, lambda: None, timing)
-    assert warmups[-3:] == [10, 10, 10] and state.take_warmups() == {
+    assert warmups()[-3:] == [10, 10, 10] and state.take_warmups() == {
         "long": 0, "short": 3, "redone": 0}
     # a compute-bound problem's every timing is warmed up, whatever the power
-    warmups.clear()
+    calls.clear()
     state.quiet = True
     compute = TimingOptions(warmup_ms=10, settle_warmup_ms=100, quick_rep_ms=0)
     state.last_busy = time.monotonic() - 0.2
     child_mod._time_fn(state, lambda: None, compute)
-    assert warmups == [100]
+    assert warmups() == [100]
 
 
 def test_a_new_task_starts_without_the_last_task_s_quiet_power(monkeypatch):

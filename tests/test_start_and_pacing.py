@@ -262,9 +262,9 @@ def test_power_pressure_is_the_power_over_its_share_of_the_limit_or_a_power_cap(
 def test_a_memory_bound_task_warms_up_first_then_only_after_the_power_rose(monkeypatch):
     calls = _fake_gpu_timer(monkeypatch)
 
-
     def warmups() -> list[float]:  # of the timings so far
         return [w for w, _ in calls]
+
     state = child_mod.ChildState("cuda")
     monitor = FakeMonitor()
     state.monitor = monitor  # type: ignore[assignment]

@@ -8,6 +8,10 @@ the full problem. This probe compiles each config both ways in one process, as t
 (``compile_inputs_for``) and then as the child (``make_inputs``), and prints, for every
 Triton kernel that got a second binary, the two cache keys where they differ.
 
+In one process the keys matched; the difference was between processes (the twelfth session's
+``bench/compile_trace/``: Triton 3.6 keys a kernel by what its process compiled first, settled
+now by ``tuner/triton_keys.py``).
+
 Usage (on the GPU machine)::
 
     python3 -m bench.compile_key_probe --problem matmul:M=8192,N=8192,K=8192:bfloat16 \\

@@ -78,8 +78,9 @@ def jit_python(obj: Any) -> FunctionType | None:
     return None
 
 
-def _layers(obj: Any) -> Iterator[Any]:
-    """``obj`` and the layers under it (``.fn``), down to the jit function."""
+def layers(obj: Any) -> Iterator[Any]:
+    """``obj`` and the layers under it (``.fn``: autotuners, heuristics, ``tuner.autotune``),
+    down to the jit function."""
     layer = obj
     for _ in range(_MAX_LAYERS):
         yield layer
@@ -228,7 +229,7 @@ class _Walk:
         """A launched kernel or a host callable: its package is the one followed."""
         jit = jit_python(obj)
         if jit is not None:
-            for layer in _layers(obj):  # heuristics compute constexprs: their code counts
+            for layer in layers(obj):  # heuristics compute constexprs: their code counts
                 values = getattr(layer, "values", None)
                 if isinstance(values, dict):
                     for name, fn in sorted(values.items()):

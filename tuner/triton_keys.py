@@ -24,6 +24,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from tuner.code_hash import layers
+
 log = logging.getLogger(__name__)
 
 #: objects settled already (by id, holding a reference so that no id is reused): a kernel is
@@ -41,13 +43,10 @@ def _jit_function_type() -> type | None:
 
 def _unwrap(value: Any, jit_type: type) -> Any:
     """The JIT function under ``@triton.autotune`` / ``@triton.heuristics`` layers, or None."""
-    for _ in range(8):
-        if isinstance(value, jit_type):
-            return value
-        value = getattr(value, "fn", None)
-        if value is None:
-            return None
-    return None
+    try:
+        return next((layer for layer in layers(value) if isinstance(layer, jit_type)), None)
+    except Exception:  # noqa: BLE001 - an object whose attributes fail is no kernel
+        return None
 
 
 def _referenced(fn: Any) -> list[Any]:

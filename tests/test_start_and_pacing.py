@@ -6,6 +6,7 @@ NVML and the GPU timer cannot exist here, so they alone are faked (a monitor's s
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -309,3 +310,26 @@ def test_a_new_task_starts_without_the_last_task_s_quiet_power(monkeypatch):
     monkeypatch.setattr("tuner.kernel.load_ref", lambda ref: SimpleNamespace())
     child_mod._setup(state, "x:KERNEL", {"N": 1}, "float32", 0)
     assert not state.quiet
+
+
+def test_a_child_whose_spawned_hook_fails_is_killed_not_left_behind():
+    """The backend starts its compile pool in ``spawned_hook``, once the child is spawned; if
+    that raises, the child (not yet waited for) is killed and the error goes on."""
+    spawned: list[int] = []
+
+    class PoolFailed(Exception):
+        pass
+
+    def hook() -> None:
+        import multiprocessing
+
+        spawned.extend(p.pid for p in multiprocessing.active_children()
+                       if p.name == "tuner-interpret-child" and p.pid is not None)
+        raise PoolFailed("no compile pool")
+
+    with pytest.raises(PoolFailed):
+        ChildProcess("interpret", 0, start_timeout_s=60, spawned_hook=hook)
+    assert spawned
+    for pid in spawned:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -65,7 +65,11 @@ class ChildProcess:
         child_conn.close()
         try:
             if spawned_hook is not None:
-                spawned_hook()
+                try:
+                    spawned_hook()
+                except BaseException:  # the child must not outlive a start that failed
+                    self.kill()
+                    raise
             reply = self.receive(start_timeout_s)
         except (_Timeout, _Died) as exc:
             self.kill()
@@ -229,6 +233,7 @@ class ProcessBackend:
         # while the backend is already in use.
         self._pool: CompilePool | None = None
         t0 = time.monotonic()
+
         def start_pool() -> None:  # once the child is spawned
             self._pool = CompilePool(kind, kernel_ref, shape, dtype, compile_workers or 0,
                                      self.timing.compile_timeout_s, device_index,

@@ -89,7 +89,47 @@ def main() -> None:
 
     out["autotuned_settled"] = triton_keys.settle_cache_keys(kernel)
     out["autotuned_helper_first"] = helper.hash is not None and kernel.fn.hash is not None
+    out["library"] = _library_keys()
     print(json.dumps(out))
+
+
+def _reachable(module: Any) -> list[Any]:
+    """Every JIT function reachable from ``module`` (as ``settle_cache_keys`` walks it)."""
+    found: dict[int, Any] = {}
+    todo = list(triton_keys._roots(module, jit.JITFunction))
+    while todo:
+        fn = todo.pop()
+        if id(fn) in found:
+            continue
+        found[id(fn)] = fn
+        todo += [c for c in (triton_keys._unwrap(v, jit.JITFunction)
+                             for v in triton_keys._referenced(fn)) if c is not None]
+    return list(found.values())
+
+
+def _library_keys() -> dict[str, Any]:
+    """An installed library's kernels (Liger-Kernel's cross entropy, written by others, as
+    the user-kernel path loads them): settled under Triton 3.6's merge order, each key is the
+    one this Triton computes by itself (callees first)."""
+    import importlib
+
+    module = importlib.import_module("liger_kernel.ops.cross_entropy")
+    functions = _reachable(module)
+
+    def keys() -> dict[str, str]:
+        return {f"{f.fn.__module__}.{f.fn.__qualname__}": f.cache_key for f in functions}
+
+    for f in functions:
+        f.hash, f.used_global_vals = None, {}
+    triton_keys._SETTLED.clear()
+    jit.DependenciesFinder._update_hash = OWN_ORDER
+    own = keys()
+    for f in functions:
+        f.hash, f.used_global_vals = None, {}
+    triton_keys._SETTLED.clear()
+    jit.DependenciesFinder._update_hash = _triton36_update_hash
+    settled = triton_keys.settle_cache_keys(module)
+    return {"functions": len(functions), "settled": settled, "same": keys() == own}
 
 
 if __name__ == "__main__":

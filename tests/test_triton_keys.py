@@ -54,3 +54,11 @@ def test_load_ref_settles_a_module_once(keys: dict[str, Any]) -> None:
 def test_an_autotuned_kernel_and_its_closure_helper_are_settled(keys: dict[str, Any]) -> None:
     assert keys["autotuned_settled"] == 2
     assert keys["autotuned_helper_first"]
+
+
+def test_an_installed_library_s_kernels_settle_to_their_complete_keys(keys: dict[str, Any]
+                                                                      ) -> None:
+    # Liger-Kernel's cross entropy and the helpers it reaches in its other modules
+    library = keys["library"]
+    assert library["functions"] >= 2 and library["settled"] == library["functions"]
+    assert library["same"]

@@ -54,11 +54,11 @@ def test_the_measuring_child_cuts_a_failed_configs_output(capfd):
     try:
         child.send(("setup", NOISY.ref, {"N": 64}, "float32", 0))
         assert child.receive(120) == ("ok",)
-        child.send(("measure", KernelConfig(MODE=COMPILE_ERROR, SLOW=1), TimingOptions()))
+        child.send(("measure", [KernelConfig(MODE=COMPILE_ERROR, SLOW=1)], TimingOptions()))
         reply = child.receive(120)
         while reply[0] == "compiled":
             reply = child.receive(120)
-        assert reply[0] == "result" and not reply[1].ok
+        assert reply[0] == "result" and reply[1] == 0 and not reply[2].ok
     finally:
         child.kill()
     _check_log(capfd.readouterr().out)

@@ -144,8 +144,9 @@ worker.SearchOptions = functools.partial(worker.SearchOptions, batch_size=8)
 send = ChildProcess.send
 
 def announce(self, message):
-    if message[0] == "measure":
-        print("measuring", message[1].key(), self.process.pid, flush=True)
+    if message[0] == "measure":  # a batch of one: no compile pool on the interpreter
+        [config] = message[1]
+        print("measuring", config.key(), self.process.pid, flush=True)
     send(self, message)
 
 ChildProcess.send = announce
@@ -257,7 +258,7 @@ pool.submit([KernelConfig(MODE=COMPILE_HANG, SLOW=s) for s in (1, 2)])
 child = ChildProcess("interpret", 0, start_timeout_s=120)
 child.send(("setup", KERNEL.ref, {"N": 64}, "float32", 0))
 assert child.receive(120) == ("ok",)
-child.send(("measure", KernelConfig(MODE=HANG, SLOW=1), TimingOptions()))
+child.send(("measure", [KernelConfig(MODE=HANG, SLOW=1)], TimingOptions()))
 assert child.receive(120)[0] == "compiled"  # now it spins in the hanging launch
 while any(slot.config is None for slot in pool._slots):  # both compiles handed out
     time.sleep(0.01)

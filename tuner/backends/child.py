@@ -1,4 +1,4 @@
-"""The measuring child process: verifies and times one config at a time.
+"""The measuring child process: verifies a batch of configs, then times them back to back.
 
 It runs in a process of its own (spawned, in its own process group) so that a config that
 crashes, hangs or leaves a sticky CUDA error kills only this process. Being in a group of its
@@ -7,11 +7,12 @@ pool's processes) exit as soon as the process that started it is gone, freeing t
 parent talks to it over a Pipe; every message is a tuple whose first item names it:
 
 parent -> child: ("setup", kernel_ref, shape, dtype, seed)
-                 | ("measure", config, timing[, best_ms])
+                 | ("measure", [config, ...], timing[, best_ms])
                  | ("retime", configs, rounds, timing[, baseline]) | ("selftest",)
                  | ("calibrate"[, runs[, timing]])
-child -> parent: ("ready", fingerprint, {step: monotonic time}) | ("ok",) | ("compiled", seconds)
-                 | ("result", measurement, sticky) | ("results", [measurement]) | ("error", text)
+child -> parent: ("ready", fingerprint, {step: monotonic time}) | ("ok",)
+                 | ("compiled", i, seconds) | ("verified", i) | ("result", i, measurement, sticky)
+                 | ("results", [measurement]) | ("error", text)
                  | ("calibration", {...})
 
 Every timing follows the protocol of ``tuner/gpu_state.py`` (settled sustained state) and
@@ -365,27 +366,101 @@ def _timed_extra(state: ChildState, before: GpuSample | None,
     return extra
 
 
-def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
-                send: Any, best_ms: float | None = None) -> tuple[Measurement, bool]:
-    """Compile, verify and time one config. Returns the measurement and whether it was sticky.
-    The GPU is settled first when due (``settle_due``), with this config as the load."""
+@dataclasses.dataclass
+class _Verified:
+    """A config of a batch that compiled and verified, waiting for its timing."""
+
+    index: int
+    config: KernelConfig
+    compile_s: float
+    step: dict[str, Any]
+
+
+def measure_many(state: ChildState, configs: list[KernelConfig], timing: TimingOptions,
+                 send: Callable[[tuple[Any, ...]], None],
+                 best_ms: float | None = None) -> None:
+    """Compile and verify every config of a batch on one set of inputs, then time the verified
+    ones back to back. Sends, for config ``i`` of ``configs``: ``("compiled", i, seconds)``
+    once its binary is loaded (or compiled), ``("verified", i)`` once it passed verification,
+    and ``("result", i, measurement, sticky)`` with its outcome: a failure at once, a timing
+    once taken. A sticky CUDA error ends the batch there (the configs without a result were
+    not measured: the parent measures them on a fresh child).
+
+    Back to back: a timing that starts under ``settle_gap_s`` after the previous one finished
+    keeps the usual short warm-up (``_full_warmup_ms``), as a re-timing's rounds do, so only
+    the batch's first timing pays the sustained-state warm-up; timed one at a time, each
+    config's inputs, load and verification left the GPU idle long enough to regain its boost
+    clock, and every trial paid it (issue 33)."""
     state.counter += 1
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0 = time.perf_counter()
     try:
         inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device,
                                           state.seed + state.counter)
-        inputs_s = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
+        for i, config in enumerate(configs):
+            send(("result", i, _failure(config, exc), False))
+        return
+    inputs_s = time.perf_counter() - t0
+    verified: list[_Verified] = []
+    for i, config in enumerate(configs):
+        with captured_stdout() as printed:
+            failure, sticky, ready = _compile_and_verify(state, i, config, inputs, send)
+        pass_on(printed.getvalue(), failure is not None, config.key())
+        if failure is not None:
+            send(("result", i, failure, sticky))
+            if sticky:
+                return
+            continue
+        assert ready is not None
+        # the batch's inputs were made once: the first config's step counts them
+        ready.step["inputs_s"] = round(inputs_s if not verified else 0.0, 4)
+        ready.step["max_error"] = inputs.get("_max_error")
+        verified.append(ready)
+    for ready in verified:
+        with captured_stdout() as printed:
+            m, sticky = _timed(state, ready, inputs, timing, best_ms)
+        pass_on(printed.getvalue(), not m.ok, ready.config.key())
+        send(("result", ready.index, m, sticky))
+        if sticky:
+            return
+        if m.ok and not m.extra.get("quick") and m.p50_ms and (
+                best_ms is None or m.p50_ms < best_ms):
+            best_ms = m.p50_ms
+
+
+def _compile_and_verify(state: ChildState, index: int, config: KernelConfig,
+                        inputs: dict[str, Any], send: Callable[[tuple[Any, ...]], None]
+                        ) -> tuple[Measurement | None, bool, _Verified | None]:
+    """Compile (or load) and verify one config of a batch: its failure and whether it was
+    sticky, else what its timing needs."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    try:
         _compile(state, config, inputs)
     except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
-        return _failure(config, exc), False
+        return _failure(config, exc), False, None
     compile_s = time.perf_counter() - t0
     compile_cpu_s = time.process_time() - cpu0  # a compile's passes run here; a load is I/O
-    send(("compiled", compile_s))
+    send(("compiled", index, compile_s))
     try:
         wrong = _verify(state, config, inputs)
-        if wrong:
-            return Measurement(config, Outcome.WRONG_RESULT, error=wrong,
-                               compile_s=compile_s), False
+    except Exception as exc:  # noqa: BLE001
+        m = _failure(config, exc, compile_s)
+        return m, is_sticky(m.error or ""), None
+    if wrong:
+        return Measurement(config, Outcome.WRONG_RESULT, error=wrong,
+                           compile_s=compile_s), False, None
+    send(("verified", index))
+    return None, False, _Verified(index, config, compile_s, {
+        "compile_step_s": round(compile_s, 4),  # the child's own: the binary's load
+        "compile_cpu_s": round(compile_cpu_s, 4)})
+
+
+def _timed(state: ChildState, ready: _Verified, inputs: dict[str, Any], timing: TimingOptions,
+           best_ms: float | None) -> tuple[Measurement, bool]:
+    """Time a verified config (the GPU settled first when due, ``settle_due``, with it as the
+    load): its measurement and whether it failed with a sticky error."""
+    config, compile_s = ready.config, ready.compile_s
+    try:
         settled = None
         if settle_due(state, timing):
             settled = _settle(state, lambda: state.kernel.launch(config, inputs), timing)
@@ -399,11 +474,11 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
     if not all(math.isfinite(v) and v > 0 for v in (p20, p50, p80)):
         return Measurement(config, Outcome.CRASH, error=f"timer returned {p20, p50, p80}",
                            compile_s=compile_s), False
+    step = dict(ready.step)
+    max_error = step.pop("max_error", None)
     extra["measured"] = "trial"
     extra["timing"] = timing_method(timing)
-    extra["compile_step_s"] = round(compile_s, 4)  # the child's own: inputs, then the binary
-    extra["inputs_s"] = round(inputs_s, 4)
-    extra["compile_cpu_s"] = round(compile_cpu_s, 4)
+    extra.update(step)
     extra["warmups"] = state.take_warmups()
     if quick:
         extra["quick"] = True
@@ -412,8 +487,7 @@ def measure_one(state: ChildState, config: KernelConfig, timing: TimingOptions,
         if state.idle_s is not None:
             extra["idle_s"] = round(state.idle_s, 4)
     return Measurement(config, Outcome.OK, p20_ms=p20, p50_ms=p50, p80_ms=p80,
-                       compile_s=compile_s, max_error=inputs.get("_max_error"),
-                       extra=extra), False
+                       compile_s=compile_s, max_error=max_error, extra=extra), False
 
 
 def _failure(config: KernelConfig, exc: BaseException, compile_s: float | None = None
@@ -714,11 +788,8 @@ def _serve(conn: Any, state: ChildState) -> None:
                 _setup(state, *msg[1:])
                 conn.send(("ok",))
             elif op == "measure":
-                best_ms = msg[3] if len(msg) > 3 else None
-                with captured_stdout() as printed:
-                    m, sticky = measure_one(state, msg[1], msg[2], conn.send, best_ms)
-                pass_on(printed.getvalue(), not m.ok, msg[1].key())
-                conn.send(("result", m, sticky))
+                measure_many(state, list(msg[1]), msg[2], conn.send,
+                             msg[3] if len(msg) > 3 else None)
             elif op == "retime":
                 baseline = bool(msg[4]) if len(msg) > 4 else False
                 conn.send(("results", retime(state, msg[1], msg[2], msg[3], baseline)))

@@ -1,7 +1,9 @@
 """The parent side of a measuring child: timeouts, crash recovery, health.
 
-The parent never initialises CUDA. It sends one config at a time to the child and waits with a
-deadline: the compile phase gets ``compile_timeout_s``, verification and timing ``run_timeout_s``.
+The parent never initialises CUDA. It sends the child a batch of configs (those whose binaries
+are ready: the child verifies each, then times them back to back) and waits for each step with a
+deadline: a config's compile (or load) gets ``compile_timeout_s``, its verification and its
+timing ``run_timeout_s`` each.
 A child that dies, hangs or reports a sticky CUDA error is killed with its whole process group
 (the compiler subprocesses it started included), a fresh one is started and checked with a small
 known-good computation, and the config is recorded as ``crash`` or ``timeout``. The run phase's
@@ -467,7 +469,7 @@ class ProcessBackend:
 
         if self._pool is None or self._pool.broken:
             for config in unique:
-                done(self._measure_one(config))
+                self._measure_batch([config], done)
             return [results[c] for c in configs]
         for compiled in self._pool.poll(0.0):
             self._stash(compiled)
@@ -508,64 +510,120 @@ class ProcessBackend:
                     done(compiled.failure)  # type: ignore[arg-type]
                 else:
                     ready.append(compiled)
-            if ready:
-                compiled = ready.popleft()
-                wanted.discard(compiled.config)
-                m = self._measure_one(compiled.config)
-                step = m.extra.get("compile_step_s")
-                if isinstance(step, float) and step > SLOW_CHILD_COMPILE_S:
-                    log.info("the child took %.2f s (%.2f s of it its inputs, %.2f s of its "
-                             "CPU: a compile) to load %s, which the pool had compiled (%.2f s)",
-                             step, m.extra.get("inputs_s") or 0.0,
-                             m.extra.get("compile_cpu_s") or 0.0, compiled.config.key(),
-                             compiled.seconds)
-                # a config compiled ahead: the pool's compile time; one compiled for an
-                # earlier problem: the child's own (its load from the cache)
-                done(replace(m, compile_s=compiled.seconds) if compiled.seconds >= 0 else m)
+            if ready:  # every config compiled by now: one batch of the child's, back to back
+                batch = {c.config: c for c in ready}
+                ready.clear()
+                wanted.difference_update(batch)
+
+                def pooled(m: Measurement, batch: dict[KernelConfig, Compiled] = batch) -> None:
+                    compiled = batch[m.config]
+                    step = m.extra.get("compile_step_s")
+                    if isinstance(step, float) and step > SLOW_CHILD_COMPILE_S:
+                        log.info("the child took %.2f s (%.2f s of its CPU: a compile) to load "
+                                 "%s, which the pool had compiled (%.2f s)", step,
+                                 m.extra.get("compile_cpu_s") or 0.0, m.config.key(),
+                                 compiled.seconds)
+                    # a config compiled ahead: the pool's compile time; one compiled for an
+                    # earlier problem: the child's own (its load from the cache)
+                    done(replace(m, compile_s=compiled.seconds) if compiled.seconds >= 0
+                         else m)
+
+                self._measure_batch(list(batch), pooled)
         return [results[c] for c in configs]
 
-    def _measure_one(self, config: KernelConfig) -> Measurement:
-        phase, compile_s = "compile", None
+    def _measure_batch(self, configs: list[KernelConfig],
+                       done: Callable[[Measurement], None]) -> None:
+        """Measure ``configs`` as batches of the child's (``measure_many``: each compiled and
+        verified, then the verified ones timed back to back), each result to ``done`` as it
+        comes; a config that kills or hangs the child is recorded as such, and the configs of
+        its batch left unmeasured go to the fresh child. A ``done`` that raises stops the
+        measuring once the child finished its batch (its results are read and dropped, so
+        that the next batch does not read them): the error is raised then."""
+        raised: list[Exception] = []
+
+        def report(m: Measurement) -> None:  # a callback that raises: the batch is drained
+            if not raised:
+                try:
+                    done(m)
+                except Exception as exc:  # noqa: BLE001 - raised once the child is idle
+                    raised.append(exc)
+
+        left = configs
+        while left and not raised:
+            left = self._child_batch(left, report)
+        if raised:
+            raise raised[0]
+
+    def _child_batch(self, configs: list[KernelConfig],
+                     done: Callable[[Measurement], None]) -> list[KernelConfig]:
+        """One batch on the child; the configs it left without a result (it died, hung or
+        reported a sticky error, and was restarted)."""
+        stage = ["compile"] * len(configs)  # -> "verify" -> "time" -> "done", per config
+        compile_s: list[float | None] = [None] * len(configs)
         t0 = time.perf_counter()
+
+        def current() -> int:  # the config the child works on: its batch's order, then timing
+            for want in (("compile", "verify"), ("time",)):
+                for i, st in enumerate(stage):
+                    if st in want:
+                        return i
+            raise AssertionError("no config left in the batch")
+
+        def failed(outcome: Outcome, why: str) -> list[KernelConfig]:
+            i = current()
+            phase = "compile" if stage[i] == "compile" else "run"
+            error = f"{phase} timed out: {why}" if outcome is Outcome.TIMEOUT else why
+            stage[i] = "done"
+            self.consecutive_deaths += 1
+            left = [c for c, st in zip(configs, stage, strict=True) if st != "done"]
+            self._restart(f"{configs[i].key()} {restart_why[outcome]}: {why}")
+            done(Measurement(configs[i], outcome, error=error[:4000], compile_s=compile_s[i]))
+            return left
+
+        restart_why = {Outcome.TIMEOUT: "hung", Outcome.CRASH: "killed the child"}
         try:
-            self._child.send(("measure", config, self.timing, self.best_ms))
-            reply = self._child.receive(self.timing.compile_timeout_s, self.interrupt)
-            if reply[0] == "compiled":
-                phase, compile_s = "run", reply[1]
-                t1 = time.perf_counter()
-                self._clock_add("compile_child", t1 - t0)
-                t0 = t1
-                reply = self._child.receive(self.timing.run_timeout_s + self._settle_s,
-                                            self.interrupt)
+            self._child.send(("measure", configs, self.timing, self.best_ms))
+            while any(st != "done" for st in stage):
+                i = current()
+                timeout = (self.timing.compile_timeout_s if stage[i] == "compile" else
+                           self.timing.run_timeout_s + (self._settle_s if stage[i] == "time"
+                                                        else 0.0))
+                try:
+                    reply = self._child.receive(timeout, self.interrupt)
+                finally:
+                    now = time.perf_counter()
+                    self._clock_add("compile_child" if stage[i] == "compile" else "measuring",
+                                    now - t0)
+                    t0 = now
+                if reply[0] == "compiled":
+                    stage[reply[1]], compile_s[reply[1]] = "verify", reply[2]
+                elif reply[0] == "verified":
+                    stage[reply[1]] = "time"
+                elif reply[0] == "result":
+                    _, j, measurement, sticky = reply
+                    stage[j] = "done"
+                    self._count_warmups(measurement)
+                    if sticky:  # the context is unusable from now on
+                        self.consecutive_deaths += 1
+                        left = [c for c, st in zip(configs, stage, strict=True) if st != "done"]
+                        self._restart(f"{configs[j].key()} left a sticky CUDA error")
+                        done(measurement)
+                        return left
+                    self.consecutive_deaths = 0
+                    if measurement.ok and not measurement.extra.get("quick") and (
+                            measurement.p50_ms and (self.best_ms is None
+                                                    or measurement.p50_ms < self.best_ms)):
+                        self.best_ms = measurement.p50_ms
+                    done(measurement)
+                else:  # the child's own machinery failed; be safe: a fresh child
+                    return failed(Outcome.CRASH, str(reply[1]))
         except _Interrupted:
-            raise self._stop_in_flight(f"measuring {config.key()}") from None
+            raise self._stop_in_flight(f"measuring {configs[current()].key()}") from None
         except _Timeout as exc:
-            self.consecutive_deaths += 1
-            self._restart(f"{config.key()} hung in its {phase} phase")
-            return Measurement(config, Outcome.TIMEOUT, error=f"{phase} timed out: {exc}",
-                               compile_s=compile_s)
+            return failed(Outcome.TIMEOUT, str(exc))
         except _Died as exc:
-            self.consecutive_deaths += 1
-            self._restart(f"{config.key()} killed the child: {exc}")
-            return Measurement(config, Outcome.CRASH, error=str(exc), compile_s=compile_s)
-        finally:
-            self._clock_add("measuring" if phase == "run" else "compile_child",
-                            time.perf_counter() - t0)
-        if reply[0] == "error":  # the child's own machinery failed; be safe: fresh child
-            self.consecutive_deaths += 1
-            self._restart(f"{config.key()}: {reply[1]}")
-            return Measurement.failure(config, Outcome.CRASH, str(reply[1]))
-        measurement: Measurement = reply[1]
-        self._count_warmups(measurement)
-        if reply[2]:  # sticky CUDA error: the context is unusable from now on
-            self.consecutive_deaths += 1
-            self._restart(f"{config.key()} left a sticky CUDA error")
-        else:
-            self.consecutive_deaths = 0
-        if measurement.ok and not measurement.extra.get("quick") and measurement.p50_ms and (
-                self.best_ms is None or measurement.p50_ms < self.best_ms):
-            self.best_ms = measurement.p50_ms
-        return measurement
+            return failed(Outcome.CRASH, str(exc))
+        return []
 
     def retime(self, configs: Sequence[KernelConfig], rounds: int,
                baseline: bool = False) -> list[Measurement]:

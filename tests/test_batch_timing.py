@@ -1,0 +1,172 @@
+"""A batch of configs on the measuring child: each compiled and verified, then the verified ones
+timed back to back, so that only the batch's first timing pays the sustained-state warm-up
+(issue 33); failures are reported at once, a sticky one ends the batch, and the parent measures
+what a dead or hung child left on a fresh one."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.fakes import faulty
+from tuner.backends import TimingOptions
+from tuner.backends import child as child_mod
+from tuner.backends.process import ProcessBackend
+from tuner.config import KernelConfig
+from tuner.measurement import Measurement, Outcome
+
+GOOD = [KernelConfig(MODE=faulty.GOOD, SLOW=s) for s in (1, 2, 3)]
+WRONG = KernelConfig(MODE=faulty.WRONG, SLOW=1)
+STICKY = KernelConfig(MODE=faulty.STICKY, SLOW=1)
+COMPILE_ERROR = KernelConfig(MODE=faulty.COMPILE_ERROR, SLOW=1)
+
+
+@pytest.fixture
+def gpu_child(monkeypatch: pytest.MonkeyPatch) -> tuple[child_mod.ChildState,
+                                                         list[tuple[float, float]]]:
+    """A child's state on a "GPU" (no GPU here: the kernel's tensors stay on the CPU, there is
+    no NVML and nothing to synchronise, and ``tuner.gpu_timer.bench`` is faked to take 1 ms
+    and record each call's warm-up and rep), on the faulty kernel, whose GPU path compiles
+    with its ``compile``."""
+    import tuner.gpu_timer
+
+    calls: list[tuple[float, float]] = []
+
+    def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
+              quantiles: Any = None) -> list[float]:
+        fn()
+        calls.append((warmup, rep))
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
+    monkeypatch.setattr(child_mod.ChildState, "device", property(lambda self: "cpu"))
+    monkeypatch.setattr(child_mod.ChildState, "gpu_sample", lambda self: None)
+    monkeypatch.setattr(child_mod.ChildState, "sync", lambda self: None)
+    state = child_mod.ChildState("cuda")
+    state.kernel, state.shape, state.dtype = faulty.KERNEL, {"N": 64}, "float32"
+    state.last_busy = time.monotonic() - 0.5  # the previous batch's timing: long ago
+    return state, calls
+
+
+TIMING = TimingOptions(warmup_ms=10, settle_warmup_ms=100, rep_ms=40, quick_rep_ms=0)
+
+
+def _run(state: child_mod.ChildState, configs: list[KernelConfig]) -> list[tuple[Any, ...]]:
+    sent: list[tuple[Any, ...]] = []
+    child_mod.measure_many(state, configs, TIMING, sent.append)
+    return sent
+
+
+def _steps(sent: list[tuple[Any, ...]]) -> list[tuple[str, int]]:
+    return [(m[0], m[1]) for m in sent]
+
+
+def test_a_batch_is_verified_first_then_timed_back_to_back_with_one_long_warm_up(gpu_child):
+    state, calls = gpu_child
+    configs = [GOOD[0], WRONG, GOOD[1], GOOD[2]]
+    sent = _run(state, configs)
+    assert _steps(sent) == [
+        ("compiled", 0), ("verified", 0), ("compiled", 1), ("result", 1),
+        ("compiled", 2), ("verified", 2), ("compiled", 3), ("verified", 3),
+        ("result", 0), ("result", 2), ("result", 3)]
+    results = {m[1]: m[2] for m in sent if m[0] == "result"}
+    assert results[1].outcome is Outcome.WRONG_RESULT and results[1].p50_ms is None
+    timed = [results[i] for i in (0, 2, 3)]
+    assert all(m.ok and m.extra["measured"] == "trial" for m in timed)
+    # the first timing after a gap warms the GPU up to its sustained state; the next ones
+    # follow it within settle_gap_s and keep the short warm-up, as a re-timing's rounds do
+    assert calls == [(100, 40), (10, 40), (10, 40)]
+    assert [m.extra["warmup_ms"] for m in timed] == [100, 10, 10]
+    assert [m.extra["warmups"] for m in timed] == [
+        {"long": 1, "short": 0, "redone": 0}, {"long": 0, "short": 1, "redone": 0},
+        {"long": 0, "short": 1, "redone": 0}]
+    # each was verified (its max error measured) and its own compile step recorded; the
+    # inputs, made once for the batch, counted on its first config
+    assert all(m.max_error == 0.0 and m.extra["compile_step_s"] >= 0 for m in timed)
+    assert timed[0].extra["inputs_s"] >= 0 and timed[1].extra["inputs_s"] == 0
+
+
+def test_timed_one_at_a_time_each_trial_pays_the_long_warm_up(gpu_child):
+    """What the batch saves: configs sent one by one, a gap between them (the parent's and the
+    next config's load and verification), every timing warms up for 100 ms."""
+    state, calls = gpu_child
+    for config in GOOD:
+        state.last_busy = time.monotonic() - 0.05  # a trial's gap: over settle_gap_s
+        assert _steps(_run(state, [config]))[-1] == ("result", 0)
+    assert calls == [(100, 40)] * 3
+
+
+def test_a_compile_error_is_reported_at_once_and_a_sticky_error_ends_the_batch(gpu_child):
+    state, calls = gpu_child
+    sent = _run(state, [COMPILE_ERROR, GOOD[0], STICKY, GOOD[1]])
+    assert _steps(sent) == [("result", 0), ("compiled", 1), ("verified", 1),
+                            ("compiled", 2), ("result", 2)]
+    assert sent[0][2].outcome is Outcome.COMPILE_ERROR and sent[0][3] is False
+    assert sent[-1][2].outcome is Outcome.CRASH and sent[-1][3] is True  # sticky
+    assert calls == []  # nothing was timed on a context a sticky error left unusable
+
+
+# -- the parent: a real child process on the interpreter ------------------------------------
+
+FAST = TimingOptions(compile_timeout_s=60, run_timeout_s=60, start_timeout_s=120)
+
+
+def _batches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Each batch a backend sends its child, as config keys (a spy on the child's pipe)."""
+    from tuner.backends.process import ChildProcess
+
+    seen: list[list[str]] = []
+    spied = ChildProcess.send
+
+    def send(child: ChildProcess, message: tuple[Any, ...]) -> None:
+        if message[0] == "measure":
+            seen.append([c.key() for c in message[1]])
+        spied(child, message)
+
+    monkeypatch.setattr(ChildProcess, "send", send)
+    return seen
+
+
+@pytest.mark.timeout(300)
+def test_the_parent_measures_what_a_dead_childs_batch_left_on_a_fresh_child(monkeypatch):
+    seen = _batches(monkeypatch)
+    backend = ProcessBackend("interpret", faulty.KERNEL.ref, {"N": 64}, "float32",
+                             timing=FAST, compile_workers=0)
+    exits = KernelConfig(MODE=faulty.EXIT, SLOW=1)
+    got: list[Measurement] = []
+    try:
+        backend._measure_batch([GOOD[0], exits, GOOD[1], STICKY, GOOD[2]], got.append)
+    finally:
+        backend.close()
+    by = {m.config: m for m in got}
+    assert len(got) == 5 and by[GOOD[0]].ok and by[GOOD[1]].ok and by[GOOD[2]].ok
+    assert by[exits].outcome is Outcome.CRASH and "exit code 3" in (by[exits].error or "")
+    assert by[STICKY].outcome is Outcome.CRASH and "illegal memory access" in (
+        by[STICKY].error or "")
+    # the first child died verifying the second config (the first, verified, was not timed
+    # yet); a fresh one took the rest and was replaced after the sticky error, which it met
+    # verifying; the configs it had verified but not timed went to a third child
+    keys = [[c.key() for c in batch] for batch in (
+        [GOOD[0], exits, GOOD[1], STICKY, GOOD[2]], [GOOD[0], GOOD[1], STICKY, GOOD[2]],
+        [GOOD[0], GOOD[1], GOOD[2]])]
+    assert seen == keys
+    assert len(set(backend.child_pids)) == 3
+    assert backend.restarts == 2 and backend.consecutive_deaths == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_config_that_hangs_its_timing_is_a_timeout_and_the_rest_are_measured(monkeypatch):
+    backend = ProcessBackend("interpret", faulty.KERNEL.ref, {"N": 64}, "float32",
+                             timing=TimingOptions(compile_timeout_s=60, run_timeout_s=3,
+                                                  start_timeout_s=120), compile_workers=0)
+    hangs = KernelConfig(MODE=faulty.HANG, SLOW=1)
+    got: list[Measurement] = []
+    try:
+        backend._measure_batch([GOOD[0], hangs, GOOD[1]], got.append)
+    finally:
+        backend.close()
+    by = {m.config: m for m in got}
+    assert by[hangs].outcome is Outcome.TIMEOUT and "run timed out" in (by[hangs].error or "")
+    assert by[GOOD[0]].ok and by[GOOD[1]].ok and len(got) == 3

@@ -23,31 +23,49 @@ STICKY = KernelConfig(MODE=faulty.STICKY, SLOW=1)
 COMPILE_ERROR = KernelConfig(MODE=faulty.COMPILE_ERROR, SLOW=1)
 
 
+class Monitor:
+    """NVML's view, set by the test: each timing leaves the power of ``after`` (in turn; the
+    last one stays), a 700 W limit, no throttle bits."""
+
+    def __init__(self) -> None:
+        self.after = [300.0]
+        self.power_w = 300.0
+
+    def sample(self) -> dict[str, Any]:
+        return {"sm_mhz": 1980.0, "mem_mhz": 2619.0, "power_w": self.power_w,
+                "temp_c": 40.0, "throttle": 0}
+
+    def power_limit_w(self) -> float:
+        return 700.0
+
+
 @pytest.fixture
-def gpu_child(monkeypatch: pytest.MonkeyPatch) -> tuple[child_mod.ChildState,
+def gpu_child(monkeypatch: pytest.MonkeyPatch) -> tuple[child_mod.ChildState, Monitor,
                                                          list[tuple[float, float]]]:
-    """A child's state on a "GPU" (no GPU here: the kernel's tensors stay on the CPU, there is
-    no NVML and nothing to synchronise, and ``tuner.gpu_timer.bench`` is faked to take 1 ms
-    and record each call's warm-up and rep), on the faulty kernel, whose GPU path compiles
-    with its ``compile``."""
+    """A child's state on a "GPU" (no GPU here: the kernel's tensors stay on the CPU, nothing
+    is synchronised, NVML is a ``Monitor``, and ``tuner.gpu_timer.bench`` is faked to take
+    1 ms, record each call's warm-up and rep, and leave the monitor's next power), on the
+    faulty kernel, whose GPU path compiles with its ``compile``."""
     import tuner.gpu_timer
 
     calls: list[tuple[float, float]] = []
+    monitor = Monitor()
 
     def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
               quantiles: Any = None) -> list[float]:
         fn()
         calls.append((warmup, rep))
+        monitor.power_w = monitor.after[min(len(calls), len(monitor.after)) - 1]
         return [1.0, 1.0, 1.0]
 
     monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
     monkeypatch.setattr(child_mod.ChildState, "device", property(lambda self: "cpu"))
-    monkeypatch.setattr(child_mod.ChildState, "gpu_sample", lambda self: None)
     monkeypatch.setattr(child_mod.ChildState, "sync", lambda self: None)
     state = child_mod.ChildState("cuda")
+    state.monitor = monitor  # type: ignore[assignment]
     state.kernel, state.shape, state.dtype = faulty.KERNEL, {"N": 64}, "float32"
     state.last_busy = time.monotonic() - 0.5  # the previous batch's timing: long ago
-    return state, calls
+    return state, monitor, calls
 
 
 TIMING = TimingOptions(warmup_ms=10, settle_warmup_ms=100, rep_ms=40, quick_rep_ms=0)
@@ -64,7 +82,7 @@ def _steps(sent: list[tuple[Any, ...]]) -> list[tuple[str, int]]:
 
 
 def test_a_batch_is_verified_first_then_timed_back_to_back_with_one_long_warm_up(gpu_child):
-    state, calls = gpu_child
+    state, _monitor, calls = gpu_child  # the power stays quiet: 300 of 700 W
     configs = [GOOD[0], WRONG, GOOD[1], GOOD[2]]
     sent = _run(state, configs)
     assert _steps(sent) == [
@@ -76,7 +94,7 @@ def test_a_batch_is_verified_first_then_timed_back_to_back_with_one_long_warm_up
     timed = [results[i] for i in (0, 2, 3)]
     assert all(m.ok and m.extra["measured"] == "trial" for m in timed)
     # the first timing after a gap warms the GPU up to its sustained state; the next ones
-    # follow it within settle_gap_s and keep the short warm-up, as a re-timing's rounds do
+    # follow it within settle_gap_s, with the power limiter idle, and keep the short warm-up
     assert calls == [(100, 40), (10, 40), (10, 40)]
     assert [m.extra["warmup_ms"] for m in timed] == [100, 10, 10]
     assert [m.extra["warmups"] for m in timed] == [
@@ -88,10 +106,46 @@ def test_a_batch_is_verified_first_then_timed_back_to_back_with_one_long_warm_up
     assert timed[0].extra["inputs_s"] >= 0 and timed[1].extra["inputs_s"] == 0
 
 
+def test_back_to_back_under_the_power_limiter_every_trial_warms_up(gpu_child):
+    """A config right after another of less power starts at the clock that one left: with a
+    10 ms warm-up 8192^3 ran 0.922x its sustained time after a 2048^3 GEMM
+    (bench/results/gap_probe_h100.md). So a batch's trial keeps the short warm-up only while
+    the power after the previous timing was quiet."""
+    state, monitor, calls = gpu_child
+    monitor.after = [650.0]  # every timing leaves the power over 60% of the limit
+    sent = _run(state, GOOD)
+    assert calls == [(100, 40)] * 3
+    assert [m[2].extra["warmups"] for m in sent if m[0] == "result"] == [
+        {"long": 1, "short": 0, "redone": 0}] * 3
+
+
+def test_a_short_warm_up_that_finds_the_limiter_engaged_is_taken_again(gpu_child):
+    state, monitor, calls = gpu_child
+    # the first config leaves the power quiet; the second, timed back to back with 10 ms,
+    # draws more: it is timed again after 100 ms, and the third warms up too
+    monitor.after = [300.0, 650.0, 650.0, 650.0]
+    sent = _run(state, GOOD)
+    assert calls == [(100, 40), (10, 40), (100, 40), (100, 40)]
+    timed = [m[2] for m in sent if m[0] == "result"]
+    assert [m.extra["warmup_ms"] for m in timed] == [100, 100, 100]
+    assert [m.extra["warmups"] for m in timed] == [
+        {"long": 1, "short": 0, "redone": 0}, {"long": 0, "short": 1, "redone": 1},
+        {"long": 1, "short": 0, "redone": 0}]
+
+
+def test_a_retimings_rounds_keep_the_short_warm_up_back_to_back(gpu_child):
+    """Its finalists are near-equal configs of one problem, timed in turn: not guarded."""
+    state, monitor, calls = gpu_child
+    monitor.after = [650.0]
+    child_mod.retime(state, GOOD[:2], 3, TimingOptions(
+        warmup_ms=10, settle_warmup_ms=100, retime_rep_ms=20, retime_min_rounds=0))
+    assert calls == [(100, 20)] + [(10, 20)] * 5
+
+
 def test_timed_one_at_a_time_each_trial_pays_the_long_warm_up(gpu_child):
     """What the batch saves: configs sent one by one, a gap between them (the parent's and the
     next config's load and verification), every timing warms up for 100 ms."""
-    state, calls = gpu_child
+    state, _monitor, calls = gpu_child
     for config in GOOD:
         state.last_busy = time.monotonic() - 0.05  # a trial's gap: over settle_gap_s
         assert _steps(_run(state, [config]))[-1] == ("result", 0)
@@ -99,7 +153,7 @@ def test_timed_one_at_a_time_each_trial_pays_the_long_warm_up(gpu_child):
 
 
 def test_a_compile_error_is_reported_at_once_and_a_sticky_error_ends_the_batch(gpu_child):
-    state, calls = gpu_child
+    state, _monitor, calls = gpu_child
     sent = _run(state, [COMPILE_ERROR, GOOD[0], STICKY, GOOD[1]])
     assert _steps(sent) == [("result", 0), ("compiled", 1), ("verified", 1),
                             ("compiled", 2), ("result", 2)]

@@ -225,8 +225,11 @@ def _compare(state: ChildState, got: Any, ref: Any, label: str) -> str | float:
 def _time(state: ChildState, config: KernelConfig, inputs: dict[str, Any],
           timing: TimingOptions, best_ms: float | None = None
           ) -> tuple[float, float, float, bool]:
-    """p20/p50/p80 in ms, and whether only the quick timing was done (adaptive timing)."""
-    return _time_fn(state, lambda: state.kernel.launch(config, inputs), timing, best_ms)
+    """p20/p50/p80 in ms, and whether only the quick timing was done (adaptive timing). A
+    trial's timing is ``guarded``: back to back in its batch, it keeps the short warm-up
+    only while the power limiter is not engaged (``_full_warmup_ms``)."""
+    return _time_fn(state, lambda: state.kernel.launch(config, inputs), timing, best_ms,
+                    guarded=True)
 
 
 def timing_method(timing: TimingOptions) -> str:
@@ -236,8 +239,11 @@ def timing_method(timing: TimingOptions) -> str:
 
 
 def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
-             best_ms: float | None = None) -> tuple[float, float, float, bool]:
-    """``_time`` of any callable (a config's launch, the kernel's baseline)."""
+             best_ms: float | None = None, guarded: bool = False
+             ) -> tuple[float, float, float, bool]:
+    """``_time`` of any callable (a config's launch, the kernel's baseline). ``guarded`` (a
+    trial's timing): the GPU's power is read after the timing, and a timing taken with the
+    short warm-up that finds the limiter engaged is taken again with the long one."""
     method = timing_method(timing)
     if state.kind == "cuda":
         from tuner.gpu_timer import bench
@@ -255,14 +261,15 @@ def _time_fn(state: ChildState, fn: Callable[[], Any], timing: TimingOptions,
                 return float(q[0]), float(q[1]), float(q[2]), True
         idle_s = time.monotonic() - state.last_busy if state.last_busy else None
         back_to_back = idle_s is not None and idle_s < timing.settle_gap_s
-        state.idle_s, state.warmup_ms = idle_s, _full_warmup_ms(timing, idle_s, state.quiet)
+        state.idle_s, state.warmup_ms = idle_s, _full_warmup_ms(timing, idle_s, state.quiet,
+                                                                guarded)
         q = bench(method, fn, warmup=state.warmup_ms, rep=timing.rep_ms)
         long = state.warmup_ms >= timing.settle_warmup_ms
         state.warmups["long" if long else "short"] += 1
-        # a memory-bound problem's timing after a gap: the power decides the next one's
-        # warm-up, and one taken without it at high power is taken again with it (back to
-        # back, the clock was sustained already: nothing to check)
-        if timing.memory_bound and timing.settles and not back_to_back:
+        # a memory-bound problem's timing after a gap, and every trial's: the power decides
+        # the next one's warm-up, and one taken without it at high power is taken again with
+        # it (a re-timing's rounds, back to back: nothing to check)
+        if timing.settles and (guarded or (timing.memory_bound and not back_to_back)):
             pressed = state.power_pressed(timing)
             if pressed and not long:
                 state.warmup_ms = timing.settle_warmup_ms
@@ -312,17 +319,25 @@ def _settles(timing: TimingOptions) -> bool:
 
 
 def _full_warmup_ms(timing: TimingOptions, idle_s: float | None = None,
-                    quiet: bool = False) -> float:
+                    quiet: bool = False, guarded: bool = False) -> float:
     """do_bench's warm-up for a full timing: the settled protocol's sustained-state warm-up,
     unless the GPU finished a timing under ``settle_gap_s`` ago (``idle_s``): back-to-back
     timings (a re-timing's rounds) keep it at the sustained clock; or unless the problem is
     memory-bound and the power stayed quiet after the previous full timing (``quiet``:
-    ``TimingOptions.memory_bound``)."""
+    ``TimingOptions.memory_bound``).
+
+    ``guarded`` (the trials of a batch, back to back): the short warm-up only while the power
+    stayed quiet after the previous timing. Back to back is not enough there: the previous
+    config may have drawn less power than this one, and right after a lighter load (a 2048^3
+    GEMM at 1980 MHz, under the limiter) 8192^3's timing with a 10 ms warm-up ran 0.922x of
+    its sustained time, with 100 ms 1.015x (``bench/results/gap_probe_h100.md``, gap 0); a
+    timing whose power then shows the limiter engaged is taken again with the long warm-up
+    (``_time_fn``). The finalists of a re-timing are near-equal configs: not guarded."""
     warmup = timing.warmup_ms
     if not timing.settles:
         return warmup
     if idle_s is not None and idle_s < timing.settle_gap_s:
-        return warmup
+        return warmup if quiet or not guarded else max(warmup, timing.settle_warmup_ms)
     if timing.memory_bound and quiet:
         return warmup
     return max(warmup, timing.settle_warmup_ms)

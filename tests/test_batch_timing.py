@@ -224,3 +224,44 @@ def test_a_config_that_hangs_its_timing_is_a_timeout_and_the_rest_are_measured(m
     by = {m.config: m for m in got}
     assert by[hangs].outcome is Outcome.TIMEOUT and "run timed out" in (by[hangs].error or "")
     assert by[GOOD[0]].ok and by[GOOD[1]].ok and len(got) == 3
+
+
+# -- time ahead: the GPU child's idle wait for a batch's compiles ---------------------------
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ahead", [True, False])
+def test_while_a_batch_waits_for_a_compile_the_child_times_configs_compiled_ahead(
+        monkeypatch, ahead):
+    """With ``time_ahead``, configs compiled ahead are timed while the batch's own config
+    compiles (2 s here), and a later batch that asks for them takes those results without
+    the child; without it, the child idles and times them when asked."""
+    from dataclasses import replace
+
+    seen = _batches(monkeypatch)
+    warm = KernelConfig(MODE=faulty.GOOD, SLOW=1)
+    early = [KernelConfig(MODE=faulty.GOOD, SLOW=2), KernelConfig(MODE=faulty.WRONG, SLOW=1)]
+    slow = KernelConfig(MODE=faulty.GOOD, SLOW=3)  # its compile takes 2 s
+    backend = ProcessBackend("interpret", faulty.SLOW_COMPILE.ref, {"N": 64}, "float32",
+                             timing=replace(FAST, time_ahead=ahead), compile_workers=2)
+    try:
+        assert backend.measure([warm])[0].ok  # the pool's processes are up
+        backend.compile_now(early)
+        time.sleep(3.0)  # compiled (1 s and at once), not measured
+        [m_slow] = backend.measure([slow])
+        after_slow = list(seen)
+        got = backend.measure(early)
+    finally:
+        backend.close()
+    assert m_slow.ok and not m_slow.extra.get("timed_ahead")
+    keys = [[c.key()] for c in early]
+    if ahead:  # timed while the slow compile ran, in the order their compiles finished
+        assert after_slow[1:] == [keys[1], keys[0], [slow.key()]]
+        assert seen == after_slow  # the later batch took the results: nothing sent
+        assert all(m.extra.get("timed_ahead") and m.extra["measured"] == "trial" for m in got)
+    else:
+        assert after_slow[1:] == [[slow.key()]]
+        assert seen[len(after_slow):] == [[c.key() for c in early]]  # one batch, when asked
+        assert not any(m.extra.get("timed_ahead") for m in got)
+    good, wrong = got
+    assert good.ok and good.compile_s is not None and good.compile_s >= 0.9  # the pool's
+    assert wrong.outcome is Outcome.WRONG_RESULT

@@ -181,6 +181,21 @@ class HangsKernel(FaultyKernel):
 HANGS = HangsKernel()
 
 
+class SlowCompileKernel(FaultyKernel):
+    """Good configs whose compile takes ``SLOW - 1`` seconds (SLOW=1 at once, SLOW=3 2 s): a
+    batch that waits for one config's compile while others are compiled already."""
+
+    name = "slow_compile"
+    ref = "tests.fakes.faulty:SLOW_COMPILE"
+
+    def compile(self, config: KernelConfig, inputs: dict[str, Any]) -> None:
+        time.sleep(config["SLOW"] - 1)
+        super().compile(config, inputs)
+
+
+SLOW_COMPILE = SlowCompileKernel()
+
+
 #: lines of the PTX Triton prints when ptxas rejects a config
 PTX_LINES = 1200
 

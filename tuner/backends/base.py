@@ -18,6 +18,10 @@ TIMING_PROTOCOLS = ("settled", "cool", "none")
 PROTOCOL_ENV = "TUNER_TIMING_PROTOCOL"
 
 
+#: the environment variable that turns ``TimingOptions.time_ahead`` on ("1")
+TIME_AHEAD_ENV = "TUNER_TIME_AHEAD"
+
+
 def default_protocol() -> str:
     """The protocol named by ``TUNER_TIMING_PROTOCOL`` (ValueError for an unknown one), else
     ``settled``."""
@@ -87,6 +91,11 @@ class TimingOptions:
     #: of a re-timing, back to back) keeps the usual ``warmup_ms``: the GPU had no time to
     #: regain its boost clock
     settle_gap_s: float = 0.02
+    #: while a batch waits for its compiles and the GPU child is idle, time configs compiled
+    #: ahead for later batches (``ProcessBackend``): a later ``measure`` of one takes that
+    #: result. Off unless ``TUNER_TIME_AHEAD=1``: built in the thirteenth session, not yet
+    #: measured on a GPU (bench/NOTES.md)
+    time_ahead: bool = field(default_factory=lambda: os.environ.get(TIME_AHEAD_ENV) == "1")
     cool_power_frac: float = 0.5
     cool_max_ms: float = 3000.0
     #: with ``settled``, also a long settle before the task's first timing, every re-timing,

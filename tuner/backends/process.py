@@ -223,6 +223,9 @@ class ProcessBackend:
         self._known_now: dict[KernelConfig, Compiled] = {}
         #: compiles finished ahead of their batch (``prefetch``), and those still queued
         self._compiled: dict[KernelConfig, Compiled] = {}
+        #: configs compiled ahead and timed while a batch waited for its compiles
+        #: (``TimingOptions.time_ahead``), with their compiles: a later batch takes them
+        self._timed_ahead: dict[KernelConfig, tuple[Measurement, Compiled]] = {}
         self._ahead: set[KernelConfig] = set()
         self._pending: list[KernelConfig] = []  # to compile ahead behind the next batch
         if compile_workers is None:  # the interpreter has nothing to compile ahead
@@ -371,6 +374,7 @@ class ProcessBackend:
         self.seed = self.seed if seed is None else seed
         self.best_ms = None
         self._compiled.clear()
+        self._timed_ahead.clear()
         self._ahead.clear()
         self._pending = []
         if self._pool is not None:
@@ -474,8 +478,15 @@ class ProcessBackend:
         for compiled in self._pool.poll(0.0):
             self._stash(compiled)
         wanted = set(unique)
+        for config in unique:  # timed ahead while an earlier batch waited: taken as it is
+            if config in self._timed_ahead:
+                m, compiled = self._timed_ahead.pop(config)
+                wanted.discard(config)
+                done(replace(m, compile_s=compiled.seconds) if compiled.seconds >= 0 else m)
         ready: deque[Compiled] = deque()
         for config in unique:  # compiled ahead (or for an earlier problem): timed first
+            if config not in wanted:
+                continue
             if config in self._compiled:
                 compiled = self._compiled.pop(config)
             else:
@@ -494,8 +505,9 @@ class ProcessBackend:
         while len(results) < len(unique):
             if not ready and self.interrupt is not None and self.interrupt():
                 raise self._stop_in_flight("waiting for compiles")
+            spare = None if ready else self._spare(wanted)
             waited = time.perf_counter()
-            finished = self._pool.poll(0.0 if ready else 0.5)
+            finished = self._pool.poll(0.0 if ready or spare is not None else 0.5)
             if not ready and self.clock is not None:  # the GPU child idle, waiting
                 self.clock.add("compile_wait", time.perf_counter() - waited)
             for compiled in finished:
@@ -529,7 +541,31 @@ class ProcessBackend:
                          else m)
 
                 self._measure_batch(list(batch), pooled)
+            elif spare is not None and spare.config in self._compiled:
+                self._time_ahead(spare)
         return [results[c] for c in configs]
+
+    def _spare(self, wanted: set[KernelConfig]) -> Compiled | None:
+        """With ``time_ahead``, a config compiled ahead (the search asked for it to be: the
+        warm start, the model's next picks), the first whose compile finished, not in this
+        batch and not timed yet; None without one."""
+        if not self.timing.time_ahead:
+            return None
+        for config, compiled in self._compiled.items():
+            if config not in wanted and compiled.failure is None:
+                return compiled
+        return None
+
+    def _time_ahead(self, compiled: Compiled) -> None:
+        """Time a config compiled ahead while the batch waits for its own compiles (the GPU
+        child would idle): its result waits for the ``measure`` that asks for it."""
+        self._compiled.pop(compiled.config)
+
+        def keep(m: Measurement) -> None:
+            m = replace(m, extra={**m.extra, "measured": "trial", "timed_ahead": True})
+            self._timed_ahead[m.config] = (m, compiled)
+
+        self._measure_batch([compiled.config], keep)
 
     def _measure_batch(self, configs: list[KernelConfig],
                        done: Callable[[Measurement], None]) -> None:

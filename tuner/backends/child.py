@@ -1,4 +1,4 @@
-"""The measuring child process: verifies a batch of configs, then times them back to back.
+"""The measuring child process: verifies a batch of configs, then times them in turn.
 
 It runs in a process of its own (spawned, in its own process group) so that a config that
 crashes, hangs or leaves a sticky CUDA error kills only this process. Being in a group of its
@@ -401,11 +401,12 @@ def measure_many(state: ChildState, configs: list[KernelConfig], timing: TimingO
     once taken. A sticky CUDA error ends the batch there (the configs without a result were
     not measured: the parent measures them on a fresh child).
 
-    Back to back: a timing that starts under ``settle_gap_s`` after the previous one finished
-    keeps the usual short warm-up (``_full_warmup_ms``), as a re-timing's rounds do, so only
-    the batch's first timing pays the sustained-state warm-up; timed one at a time, each
-    config's inputs, load and verification left the GPU idle long enough to regain its boost
-    clock, and every trial paid it (issue 33)."""
+    One after the other: a timing that starts under ``settle_gap_s`` after the previous one
+    keeps the short warm-up only while the power after that one was quiet (``guarded``,
+    ``_full_warmup_ms``: right after a lighter config a power-capped winner timed 4-14%
+    fast), so where the power limiter is idle only the batch's first timing pays the
+    sustained-state warm-up; timed one at a time, each config's inputs, load and verification
+    left the GPU idle long enough to regain its boost clock, and every trial paid it."""
     state.counter += 1
     t0 = time.perf_counter()
     try:

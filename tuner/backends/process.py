@@ -1,9 +1,9 @@
 """The parent side of a measuring child: timeouts, crash recovery, health.
 
 The parent never initialises CUDA. It sends the child a batch of configs (those whose binaries
-are ready: the child verifies each, then times them back to back) and waits for each step with a
-deadline: a config's compile (or load) gets ``compile_timeout_s``, its verification and its
-timing ``run_timeout_s`` each.
+are ready: the child verifies each, then times them one after the other) and waits for each
+step with a deadline: a config's compile (or load) gets ``compile_timeout_s``, its
+verification and its timing ``run_timeout_s`` each.
 A child that dies, hangs or reports a sticky CUDA error is killed with its whole process group
 (the compiler subprocesses it started included), a fresh one is started and checked with a small
 known-good computation, and the config is recorded as ``crash`` or ``timeout``. The run phase's
@@ -522,7 +522,7 @@ class ProcessBackend:
                     done(compiled.failure)  # type: ignore[arg-type]
                 else:
                     ready.append(compiled)
-            if ready:  # every config compiled by now: one batch of the child's, back to back
+            if ready:  # every config compiled by now: one batch of the child's
                 batch = {c.config: c for c in ready}
                 ready.clear()
                 wanted.difference_update(batch)
@@ -570,7 +570,7 @@ class ProcessBackend:
     def _measure_batch(self, configs: list[KernelConfig],
                        done: Callable[[Measurement], None]) -> None:
         """Measure ``configs`` as batches of the child's (``measure_many``: each compiled and
-        verified, then the verified ones timed back to back), each result to ``done`` as it
+        verified, then the verified ones timed one after the other), each result to ``done`` as it
         comes; a config that kills or hangs the child is recorded as such, and the configs of
         its batch left unmeasured go to the fresh child. A ``done`` that raises stops the
         measuring once the child finished its batch (its results are read and dropped, so

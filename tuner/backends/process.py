@@ -608,15 +608,16 @@ class ProcessBackend:
         def failed(outcome: Outcome, why: str) -> list[KernelConfig]:
             i = current()
             phase = "compile" if stage[i] == "compile" else "run"
-            error = f"{phase} timed out: {why}" if outcome is Outcome.TIMEOUT else why
+            timed_out = outcome is Outcome.TIMEOUT
+            error = f"{phase} timed out: {why}" if timed_out else why
             stage[i] = "done"
             self.consecutive_deaths += 1
             left = [c for c, st in zip(configs, stage, strict=True) if st != "done"]
-            self._restart(f"{configs[i].key()} {restart_why[outcome]}: {why}")
+            self._restart(f"{configs[i].key()} {'hung' if timed_out else 'killed the child'}: "
+                          f"{why}")
             done(Measurement(configs[i], outcome, error=error[:4000], compile_s=compile_s[i]))
             return left
 
-        restart_why = {Outcome.TIMEOUT: "hung", Outcome.CRASH: "killed the child"}
         try:
             self._child.send(("measure", configs, self.timing, self.best_ms))
             while any(st != "done" for st in stage):

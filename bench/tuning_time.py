@@ -101,8 +101,8 @@ TARGET_BAND_33 = 0.01
 TARGET_SWEEP_S_33 = 60.0
 TARGET_READY_S_33 = 5.0
 #: the phases' columns, in the order a task meets them (``tuner.phases``)
-PHASE_COLUMNS = ("queued", "setup", "compile_wait", "compile_child", "measuring", "retiming",
-                 "storing", "search")
+PHASE_COLUMNS = ("queued", "setup", "compile_wait", "compile_child", "verifying", "measuring",
+                 "retiming", "storing", "search")
 
 
 @dataclass(frozen=True)
@@ -522,12 +522,14 @@ def _phase_cells(phases: Mapping[str, Any], wall: float | None) -> list[str]:
     return [*cells, _fmt(other, ".2f"), str(int(phases.get("compiled_ahead", 0))),
             str(int(phases.get("reused_compiles", 0))),
             _fmt(phases.get("compile_ahead_cpu"), ".1f"),
-            "/".join(str(int(phases.get(f"warmups_{k}", 0))) for k in ("long", "short", "redone"))]
+            "/".join(str(int(phases.get(f"warmups_{k}", 0))) for k in ("long", "short", "redone")),
+            _fmt(phases.get("timing_child"), ".2f")]
 
 
-PHASE_HEADER = ("queued | setup | compile wait | compile (child) | measuring | re-timing | "
+PHASE_HEADER = ("queued | setup | compile wait | compile (child) | verifying | measuring | "
+                "re-timing | "
                 "storing | search loop | other (HTTP, polling) | compiled ahead | reused | "
-                "pool CPU s | warm-ups long/short/redone")
+                "pool CPU s | warm-ups long/short/redone | timing (child) s")
 
 
 def _start_text(name: str, start: Mapping[str, Any] | None) -> str:
@@ -571,7 +573,7 @@ def markdown_service(report: Mapping[str, Any], command: str, gpu_state: str = "
     if rows:
         lines += ["## Each shape, POST to finished job (default budget)", "",
                   "| problem | wall s | trials | stopped | best ms | vs reference | "
-                  + PHASE_HEADER + " |", "|---" * 19 + "|"]
+                  + PHASE_HEADER + " |", "|---" * (7 + PHASE_HEADER.count("|")) + "|"]
         for r in rows:
             ref = (f"{r['vs_reference']:.3f} ({r.get('reference_trials')})"
                    if r.get("vs_reference") is not None else "-")
@@ -607,7 +609,7 @@ def markdown_service(report: Mapping[str, Any], command: str, gpu_state: str = "
                   f"{TARGET_SWEEP_S_33:.0f} s target), {sweep['trials']} trials, status "
                   f"{sweep['status']}.", "",
                   "| M | trials | stopped | best ms | " + PHASE_HEADER + " |",
-                  "|---" * 17 + "|"]
+                  "|---" * (5 + PHASE_HEADER.count("|")) + "|"]
         for t in sweep["tasks"]:
             lines.append(f"| {t['shape']['M']} | {t['trials']} | {t.get('stop_reason')} | "
                          f"{_fmt(t.get('best_ms'), '.4f')} | "

@@ -226,6 +226,37 @@ def test_a_config_that_hangs_its_timing_is_a_timeout_and_the_rest_are_measured(m
     assert by[GOOD[0]].ok and by[GOOD[1]].ok and len(got) == 3
 
 
+@pytest.mark.timeout(300)
+def test_the_parents_own_work_on_a_result_is_not_counted_as_the_childs_measuring():
+    """``measuring`` is the parent's wait for the child; what the result's callback takes
+    (storing the trial, timed as its own phase by the worker) is not counted again there,
+    so that the phases of a task never overlap. The child's own seconds timing the trials
+    are counted beside (``timing_child``)."""
+    from tuner.phases import PhaseClock
+
+    backend = ProcessBackend("interpret", faulty.KERNEL.ref, {"N": 64}, "float32",
+                             timing=FAST, compile_workers=0)
+    backend.clock = clock = PhaseClock()
+
+    def store(_m: Measurement) -> None:
+        with clock.timed("storing"):
+            time.sleep(0.3)
+
+    try:
+        t0 = time.perf_counter()
+        with clock.timed("search"):
+            backend._measure_batch(list(GOOD[:3]), store)
+        wall = time.perf_counter() - t0
+    finally:
+        backend.close()
+    s = clock.seconds
+    assert s["storing"] >= 0.9
+    assert s["search"] >= 0  # nothing taken out of the loop twice
+    assert sum(s[p] for p in ("compile_child", "verifying", "measuring", "storing",
+                              "search")) <= wall + 0.01
+    assert 0 < s["timing_child"]
+
+
 # -- time ahead: the GPU child's idle wait for a batch's compiles ---------------------------
 
 @pytest.mark.timeout(300)

@@ -12,8 +12,10 @@ The phases, in the order a task meets them (seconds of wall time unless said oth
   finished;
 - ``compile_child``: the GPU child loading or compiling a config's binary before timing it
   (a config compiled ahead is a cache load; one not compiled ahead is compiled there);
-- ``measuring``: the GPU child running a config: inputs, verification against the reference,
-  the timing;
+- ``verifying``: the GPU child running a config once on the batch's inputs and checking its
+  outputs against the kernel's reference (the reference computed there too);
+- ``measuring``: the GPU child timing a verified config (the quick timing, the warm-up, the
+  timed runs, the GPU's state read before and after);
 - ``retiming``: the finalists, the stored best, the default and the vendor baseline re-timed
   side by side;
 - ``storing``: the database writes (every trial as it is measured, the best, the finish);
@@ -33,14 +35,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 #: the wall-time phases, in the order a task meets them (``total`` last)
-PHASES = ("queued", "setup", "compile_wait", "compile_child", "measuring", "retiming",
-          "storing", "search", "total")
+PHASES = ("queued", "setup", "compile_wait", "compile_child", "verifying", "measuring",
+          "retiming", "storing", "search", "total")
 #: work counted beside the wall time
 COUNTS = ("compile_ahead_cpu", "compiled_ahead", "reused_compiles",
           # full timings by their warm-up (``TimingOptions``): the sustained-state one, the
           # short one (back to back, or a memory-bound problem at quiet power), and those taken
           # again with the long one after the power was found high
-          "warmups_long", "warmups_short", "warmups_redone")
+          "warmups_long", "warmups_short", "warmups_redone",
+          # the measuring child's own seconds timing the trials (``measuring`` less this: the
+          # messages, and the parent's own work while the child waited for it)
+          "timing_child")
 
 
 #: phases measured outside the claim-to-finish wall time

@@ -457,6 +457,7 @@ def _compile_and_verify(state: ChildState, index: int, config: KernelConfig,
     compile_s = time.perf_counter() - t0
     compile_cpu_s = time.process_time() - cpu0  # a compile's passes run here; a load is I/O
     send(("compiled", index, compile_s))
+    t1 = time.perf_counter()
     try:
         wrong = _verify(state, config, inputs)
     except Exception as exc:  # noqa: BLE001
@@ -468,7 +469,9 @@ def _compile_and_verify(state: ChildState, index: int, config: KernelConfig,
     send(("verified", index))
     return None, False, _Verified(index, config, compile_s, {
         "compile_step_s": round(compile_s, 4),  # the child's own: the binary's load
-        "compile_cpu_s": round(compile_cpu_s, 4)})
+        "compile_cpu_s": round(compile_cpu_s, 4),
+        # one launch, the reference and the comparison
+        "verify_s": round(time.perf_counter() - t1, 4)})
 
 
 def _timed(state: ChildState, ready: _Verified, inputs: dict[str, Any], timing: TimingOptions,
@@ -481,9 +484,11 @@ def _timed(state: ChildState, ready: _Verified, inputs: dict[str, Any], timing: 
         if settle_due(state, timing):
             settled = _settle(state, lambda: state.kernel.launch(config, inputs), timing)
         cooled = _cool(state, timing)
+        t0 = time.perf_counter()
         before = state.gpu_sample()
         p20, p50, p80, quick = _time(state, config, inputs, timing, best_ms)
         extra = _timed_extra(state, before, settled, cooled)
+        extra["time_s"] = round(time.perf_counter() - t0, 4)  # the GPU's state read too
     except Exception as exc:  # noqa: BLE001
         m = _failure(config, exc, compile_s)
         return m, is_sticky(m.error or "")

@@ -165,6 +165,10 @@ def start_steps(spawned: float, marks: dict[str, float], answered: float) -> dic
 #: inputs) is not a config that cannot run.
 DECISIVE_COMPILE_FAILURES = (Outcome.COMPILE_ERROR, Outcome.OUT_OF_RESOURCES, Outcome.TIMEOUT)
 
+#: the phase (``tuner.phases``) the parent's wait counts in, by the stage of the config the
+#: child works on: its inputs and binary, its verification, its timing
+_STAGE_PHASE = {"compile": "compile_child", "verify": "verifying", "time": "measuring"}
+
 
 def specialisation_key(kernel_ref: str, shape: dict[str, int], dtype: str
                        ) -> tuple[str, str, tuple[tuple[str, int], ...]]:
@@ -629,8 +633,7 @@ class ProcessBackend:
                     reply = self._child.receive(timeout, self.interrupt)
                 finally:
                     now = time.perf_counter()
-                    self._clock_add("compile_child" if stage[i] == "compile" else "measuring",
-                                    now - t0)
+                    self._clock_add(_STAGE_PHASE[stage[i]], now - t0)
                     t0 = now
                 if reply[0] == "compiled":
                     stage[reply[1]], compile_s[reply[1]] = "verify", reply[2]
@@ -651,7 +654,10 @@ class ProcessBackend:
                             measurement.p50_ms and (self.best_ms is None
                                                     or measurement.p50_ms < self.best_ms)):
                         self.best_ms = measurement.p50_ms
+                    self._clock_add("timing_child", float(measurement.extra.get("time_s", 0.0)))
                     done(measurement)
+                    # what ``done`` took (storing the trial: its own phase) is not the child's
+                    t0 = time.perf_counter()
                 else:  # the child's own machinery failed; be safe: a fresh child
                     return failed(Outcome.CRASH, str(reply[1]))
         except _Interrupted:

@@ -166,6 +166,8 @@ class AddLayerNormKernel:
     dims = (Dim("M", 1, 1 << 20, "rows (tokens)"), Dim("N", 1, 1 << 17, "hidden size"))
     dtypes = ("float16", "bfloat16", "float32")
     interpreter_unsupported_dtypes: tuple[str, ...] = ()
+    #: its compile hook builds the GPU binary from host tensors (``tuner.host_compile``)
+    compiles_on_host = True
     #: both outputs are rows: compared per row
     output_check = OutputCheck(rowwise=True)
 

@@ -496,6 +496,8 @@ class FlashAttentionKernel:
     dtypes = ("float16", "bfloat16", "float32")
     # Triton's CPU interpreter computes bf16 tl.dot wrongly (silently).
     interpreter_unsupported_dtypes = ("bfloat16",)
+    #: its compile hook builds the GPU binary from host tensors (``tuner.host_compile``)
+    compiles_on_host = True
     #: each query row is a weighted mean of value rows: compared per row, at the row's scale
     output_check = OutputCheck(rowwise=True)
 

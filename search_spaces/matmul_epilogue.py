@@ -49,6 +49,7 @@ from search_spaces.gemm.tiles import grouped_tile, runs_ptx, tile_coords, tile_d
 from search_spaces.matmul import KERNEL as MATMUL
 from tuner.config import KernelConfig
 from tuner.dtypes import torch_dtype
+from tuner.host_compile import on_gpu
 from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version
 from tuner.space import Param, ProblemContext, SearchSpace
 
@@ -194,7 +195,7 @@ def fast_activation(out: torch.Tensor) -> bool:
     """Whether the kernel computes tanh and sigmoid by the GPU's approximation (FAST_ACT): on
     NVIDIA GPUs (PTX inline assembly) for 16-bit outputs, whose rounding (2^-11 at best) the
     approximation's error stays under; never in the CPU interpreter, which runs no assembly."""
-    return out.is_cuda and out.element_size() == 2 and runs_ptx()
+    return on_gpu(out) and out.element_size() == 2 and runs_ptx()
 
 
 def _launch_meta(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None,
@@ -265,6 +266,8 @@ class MatmulEpilogueKernel:
     dtypes = ("float16", "bfloat16", "float32")
     # Triton's CPU interpreter computes bf16 tl.dot wrongly (silently).
     interpreter_unsupported_dtypes = ("bfloat16",)
+    #: its compile hook builds the GPU binary from host tensors (``tuner.host_compile``)
+    compiles_on_host = True
     #: a GEMM's output is one tensor at one scale, not rows computed as units
     output_check = OutputCheck()
 

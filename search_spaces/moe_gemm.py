@@ -493,6 +493,8 @@ class MoeGemmKernel:
     dtypes = ("float16", "bfloat16", "float32")
     # Triton's CPU interpreter computes bf16 tl.dot wrongly (silently).
     interpreter_unsupported_dtypes = ("bfloat16",)
+    #: its compile hook builds the GPU binary from host tensors (``tuner.host_compile``)
+    compiles_on_host = True
 
     @property
     def version(self) -> str:

@@ -57,6 +57,7 @@ import triton.language as tl
 from search_spaces.vector_add import sm_count
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2, torch_dtype
+from tuner.host_compile import on_gpu
 from tuner.kernel import Dim, OutputCheck, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
@@ -411,9 +412,13 @@ _ARRIVE: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _arrive_counters(device: torch.device, rows: int) -> torch.Tensor:
-    """This stream's zeroed row counters, at least ``rows`` of them (grown by replacing)."""
-    stream = torch.cuda.current_stream(device)
-    key = (stream.device_index, stream.cuda_stream)
+    """This stream's zeroed row counters, at least ``rows`` of them (grown by replacing); on
+    the host (a compile from host tensors, ``tuner.host_compile``) one set."""
+    if device.type == "cuda":
+        stream = torch.cuda.current_stream(device)
+        key = (stream.device_index, stream.cuda_stream)
+    else:
+        key = (-1, 0)
     counters = _ARRIVE.get(key)
     if counters is None or counters.numel() < rows:
         counters = torch.zeros(max(rows, 256), device=device, dtype=torch.int32)
@@ -422,8 +427,9 @@ def _arrive_counters(device: torch.device, rows: int) -> torch.Tensor:
 
 
 def _interpreting(x: torch.Tensor) -> bool:
-    """Triton's CPU interpreter (tensors on the CPU): it runs programs one after another."""
-    return x.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
+    """Triton's CPU interpreter (tensors on the CPU, unless they stand in for the GPU's in a
+    compile from host tensors, ``tuner.host_compile``): it runs programs one after another."""
+    return not on_gpu(x) or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor, config: KernelConfig) -> None:
@@ -578,6 +584,8 @@ class SoftmaxKernel:
     dims = (Dim("M", 1, 1 << 20, "rows"), Dim("N", 1, 1 << 18, "columns (the softmax axis)"))
     dtypes = ("float16", "bfloat16", "float32")
     interpreter_unsupported_dtypes: tuple[str, ...] = ()
+    #: its compile hook builds the GPU binary from host tensors (``tuner.host_compile``)
+    compiles_on_host = True
     #: each row is a distribution: compared per row, and sums to 1
     output_check = OutputCheck(rowwise=True, row_sum=1.0)
 

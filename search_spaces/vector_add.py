@@ -13,7 +13,6 @@ N may reach 2**31 - 1. Same three layers as ``matmul``: ``_vector_add_kernel`` -
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +23,7 @@ import triton.language as tl
 
 from tuner.config import KernelConfig
 from tuner.dtypes import element_bytes, next_pow2, torch_dtype
+from tuner.host_compile import device_on_gpu, gpu_sm_count
 from tuner.kernel import Dim, Tolerance, builtin_version, shrunk_dim
 from tuner.space import Param, ProblemContext, SearchSpace
 
@@ -58,17 +58,12 @@ def _vector_add_kernel(a_ptr, b_ptr, out_ptr, N, BLOCK: tl.constexpr,
         _add_block(a_ptr, b_ptr, out_ptr, pid * BLOCK, N, BLOCK)
 
 
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
 def sm_count(device: torch.device) -> int:
-    """The device's SMs (the persistent grid's unit); ``INTERPRETER_SMS`` off the GPU."""
-    if device.type != "cuda":
+    """The device's SMs (the persistent grid's unit); ``INTERPRETER_SMS`` off the GPU (the
+    GPU's where host tensors stand in for its, ``tuner.host_compile``)."""
+    if not device_on_gpu(device):
         return INTERPRETER_SMS
-    return _cuda_sm_count(device.index if device.index is not None
-                          else torch.cuda.current_device())
+    return gpu_sm_count(device)
 
 
 def _launch_meta(a: torch.Tensor, config: KernelConfig) -> tuple[tuple[int], dict[str, int]]:
@@ -192,6 +187,8 @@ class VectorAddKernel:
     dims = (Dim("N", 1, (1 << 31) - 1, "elements"),)
     dtypes = ("float16", "bfloat16", "float32")
     interpreter_unsupported_dtypes: tuple[str, ...] = ()
+    #: its compile hook builds the GPU binary from host tensors (``tuner.host_compile``)
+    compiles_on_host = True
 
     @property
     def version(self) -> str:

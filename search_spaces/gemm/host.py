@@ -11,7 +11,6 @@ and the constants it reads by name, not the module it lives in (``tuner/code_has
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -21,6 +20,7 @@ import triton.language as tl
 
 from tuner.config import KernelConfig
 from tuner.dtypes import next_pow2
+from tuner.host_compile import device_on_gpu, gpu_capability, gpu_sm_count, on_gpu
 from tuner.space import Param, ProblemContext, SearchSpace
 
 #: The VARIANT parameter's values. Config values are ints (KernelConfig, the store, the API),
@@ -77,17 +77,12 @@ def even_k(K: int, block_k: int) -> bool:
     return K % block_k == 0
 
 
-@functools.cache
-def _cuda_sms(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
 def num_sms(device: torch.device) -> int:
     """Programs of the persistent variants: the device's SM count (a small constant on the
-    CPU interpreter)."""
-    if device.type != "cuda":
+    CPU interpreter; the GPU's where host tensors stand in for its, ``tuner.host_compile``)."""
+    if not device_on_gpu(device):
         return INTERPRETER_SMS
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return gpu_sm_count(device)
 
 
 def output_tiles(config: Mapping[str, int], shape: Mapping[str, int]) -> int:
@@ -107,7 +102,7 @@ def second_block(block: int) -> int:
 
 def set_tma_allocator(device: torch.device) -> None:
     """Device-side descriptors live in global scratch memory the launch asks Triton's
-    allocator for (none is needed on the interpreter)."""
+    allocator for (none is needed on the interpreter, nor to compile)."""
     if device.type == "cuda":
         def alloc(size: int, alignment: int, stream: int | None) -> torch.Tensor:
             return torch.empty(size, device=device, dtype=torch.int8)
@@ -128,9 +123,9 @@ def stream_k_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
 def _descriptors_for(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether this Triton and device run descriptor (TMA) loads of these inputs, their rows
     aside: sm_90+ on CUDA, 16-bit inputs of one dtype."""
-    return (HAS_TENSOR_DESCRIPTORS and a.device.type == "cuda"
+    return (HAS_TENSOR_DESCRIPTORS and on_gpu(a)
             and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype
-            and torch.cuda.get_device_capability(a.device) >= (9, 0))
+            and gpu_capability(a.device) >= (9, 0))
 
 
 def _aligned_rows(t: torch.Tensor) -> bool:

@@ -5,7 +5,10 @@ Each pool process loads the kernel by reference, builds one set of inputs that c
 specialisation the GPU child will launch (``tuner.kernel.compile_shape_for``: the kernel's
 ``compile_shape``, a small problem with the same dtypes, alignments and divisibilities; else the
 problem itself when its inputs are small; else none, and the GPU child compiles), and calls
-``kernel.compile(config, inputs)``. The GPU child then finds the binary in the cache.
+``kernel.compile(config, inputs)``. The GPU child then finds the binary in the cache. For a
+GPU worker, a kernel that compiles from host tensors (``tuner.host_compile``: the built-in ones)
+gets its inputs in host memory, so that the pool's processes start no CUDA context (15 of them
+starting one took 2-2.5 s of a worker's start on an H100, and each holds its memory).
 A compile that outlives its timeout has its process (and the compiler processes it started:
 each pool process leads its own process group) killed and replaced; the config is recorded as a
 ``timeout``. Compile errors and OutOfResources are returned as outcomes and never reach the GPU.
@@ -52,6 +55,15 @@ def default_pool_size(workers_on_host: int = 1) -> int:
     return max(1, cores // max(1, workers_on_host) - 1)
 
 
+def compile_device(kind: str, kernel: Any) -> str:
+    """Where a pool process makes ``kernel``'s compile inputs: in host memory on the
+    interpreter, and for a GPU worker where the kernel compiles from host tensors
+    (``tuner.host_compile``); on the GPU otherwise (its process then starts a CUDA context)."""
+    from tuner.host_compile import compiles_on_host
+
+    return "cuda" if kind == "cuda" and not compiles_on_host(kernel) else "cpu"
+
+
 def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, int],
                dtype: str, device_index: int, parent_pid: int | None = None,
                hold: bool = False) -> None:
@@ -68,6 +80,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
         pass
     from tuner.backends.child import classify_exception
     from tuner.device import visible_device_for
+    from tuner.host_compile import HOST_COMPILE_ENV
     from tuner.kernel import compile_hook, compile_inputs_for, load_ref
 
     try:
@@ -75,7 +88,13 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             os.environ["TRITON_INTERPRET"] = "1"
         else:  # the worker's device (its index among the visible ones) as cuda:0
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_device_for(device_index)
+            # a kernel that compiles from host tensors gets them: no CUDA context here
+            os.environ[HOST_COMPILE_ENV] = "1"
         kernel = load_ref(kernel_ref)
+        if kind != "interpret":  # a compile needs no CUDA context: never start one for it
+            from tuner.host_compile import quiet_driver
+
+            quiet_driver()
         if hold:  # imported; the device only once the parent says (``CompilePool.release``)
             go = conn.recv()
             if go is None:
@@ -88,8 +107,7 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             compile_fn = compile_hook(kernel)  # without it, the GPU child compiles
             if compile_fn is None:
                 return None, {}
-            device = "cuda" if kind == "cuda" else "cpu"
-            inputs = compile_inputs_for(kernel, shape, dtype, device)
+            inputs = compile_inputs_for(kernel, shape, dtype, compile_device(kind, kernel))
             return (compile_fn, inputs) if inputs is not None else (None, {})
 
         compile_fn, inputs = load(shape)

@@ -14,9 +14,17 @@ so that each step's wall time stands beside what it must cost:
   options' warm-up and rep, the estimate's five runs and the quick timing, at the kernel's
   own time (the batch's best so far decides whether a trial gets the quick timing first).
 
+``--cold``: as the service meets a config instead: its binary compiled by another process
+(a compile pool's, into a fresh Triton cache), so that this process loads it from disk; each
+config's verification steps are then timed apart on first use (the compile hook's cache load,
+the first launch with its module load, a second launch, the reference, the comparison). Each
+problem twice: the other process compiling the binaries only, then also building their
+launchers (``tuner.host_compile.build_launchers``, as the compile pool does).
+
 Usage (on the GPU machine)::
 
     python3 -m bench.trial_cost_probe --out $OUT/trial_cost_probe.md
+    python3 -m bench.trial_cost_probe --cold --out $OUT/trial_cost_cold.md
 """
 
 from __future__ import annotations
@@ -55,8 +63,15 @@ def _ms(seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=6)
+    parser.add_argument("--cold", action="store_true",
+                        help="binaries compiled by another process, loaded here on first use")
+    parser.add_argument("--cold-part", help=argparse.SUPPRESS)  # one of --cold's processes
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.cold_part:
+        return cold_part(args)
+    if args.cold:
+        return cold_main(args)
 
     import torch
     import triton
@@ -157,6 +172,114 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     print(text)
+    return 0
+
+
+#: --cold: the problems whose verification cost most in the service
+COLD_PROBLEMS = PROBLEMS[:2]
+COMPILE_CODE = r"""
+import json, sys
+from search_spaces import get_kernel
+from tuner.config import KernelConfig
+from tuner.kernel import compile_inputs_for
+name, shape, dtype = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+configs = json.loads(sys.argv[4])
+if sys.argv[5] == "launchers":  # as a compile pool process does
+    from tuner.host_compile import build_launchers
+    build_launchers()
+kernel = get_kernel(name)
+inputs = compile_inputs_for(kernel, shape, dtype, "cuda")
+for c in configs:
+    kernel.compile(KernelConfig(c), inputs)
+"""
+
+
+def cold_main(args: argparse.Namespace) -> int:
+    """Each (problem, launchers or not) in a process of its own (``--cold-part``): a fresh
+    Triton cache, and no binary or launcher loaded before in the process that measures."""
+    import json
+    import subprocess
+
+    import torch
+    import triton
+
+    lines = ["# A trial's verification on first use of a binary another process compiled", "",
+             f"Command: `python3 -m bench.trial_cost_probe {' '.join(sys.argv[1:])}`", "",
+             f"{torch.cuda.get_device_name(0)}, Triton {triton.__version__}, torch "
+             f"{torch.__version__}. Each problem: {args.configs} known-good configs compiled "
+             "by a subprocess (the compile shape's inputs, as a compile pool) into a fresh "
+             "Triton cache; then, in a fresh process, per config (ms, each step "
+             "synchronised): the compile hook (a cache load), the first launch (the module's "
+             "load), a second launch, the reference, the comparison.", ""]
+    for index, (name, shape, dtype) in enumerate(COLD_PROBLEMS):
+        for mode in ("binaries", "launchers"):
+            run = subprocess.run([sys.executable, "-m", "bench.trial_cost_probe", "--out", "-",
+                                  "--configs", str(args.configs), "--cold-part",
+                                  f"{index}:{mode}"], capture_output=True, text=True,
+                                 timeout=900)
+            built = ("the compiling process also built the launchers "
+                     "(`tuner.host_compile.build_launchers`)" if mode == "launchers"
+                     else "binaries only")
+            lines += [f"## {name} {shape} {dtype}: {built}", ""]
+            if run.returncode != 0:
+                lines += ["```", run.stderr[-3000:], "```", ""]
+                continue
+            rows = json.loads(run.stdout.strip().splitlines()[-1])
+            lines += ["| config | compile hook | first launch | second launch | reference | "
+                      "comparison |", "|---|---|---|---|---|---|"]
+            lines += [f"| `{key}` | " + " | ".join(_ms(v) for v in steps) + " |"
+                      for key, steps in rows]
+            lines.append("")
+    text = "\n".join(lines) + "\n"
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+def cold_part(args: argparse.Namespace) -> int:
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    index, mode = args.cold_part.split(":")
+    name, shape, dtype = COLD_PROBLEMS[int(index)]
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="trial-cost-cache-")
+    import torch
+
+    from search_spaces import get_kernel
+    from tuner.backends import child as child_mod
+    from tuner.launching import output_tensor
+
+    kernel = get_kernel(name)
+    configs = _configs(kernel, shape, dtype, args.configs)
+    subprocess.run([sys.executable, "-c", COMPILE_CODE, name, json.dumps(shape), dtype,
+                    json.dumps([c.to_dict() for c in configs]), mode], check=True,
+                   timeout=600)
+    state = child_mod.ChildState("cuda")
+    state.kernel, state.shape, state.dtype = kernel, dict(shape), dtype
+    inputs = kernel.make_inputs(shape, dtype, "cuda", 0)
+    torch.cuda.synchronize()
+    rows = []
+    for c in configs:
+        marks = [time.perf_counter()]
+        kernel.compile(c, inputs)
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+        for _ in range(2):
+            kernel.launch(c, inputs)
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+        ref = kernel.reference(inputs)
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+        refs = ref if isinstance(ref, tuple | list) else (ref,)
+        for out_name, r in zip(child_mod._output_names(inputs), refs, strict=True):
+            child_mod._compare(state, output_tensor(inputs[out_name]).float(), r.float(), "")
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+        rows.append((c.key(), [b - a for a, b in zip(marks, marks[1:], strict=False)]))
+    print(json.dumps(rows))
     return 0
 
 

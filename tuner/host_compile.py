@@ -89,6 +89,32 @@ def quiet_driver() -> None:
     active.get_current_stream = lambda device=None: 0
 
 
+def build_launchers() -> None:
+    """Have every binary this process compiles also build its launcher: Triton 3.6 makes a
+    C launcher per kernel signature (built with the host compiler, cached on disk beside the
+    binaries) at a binary's first launch, which cost the measuring child ~200 ms at the first
+    config of each kernel function on a cold cache (``bench/results/trial_cost_cold_h100/``).
+    A compile pool process builds it instead (no CUDA context needed), so the child finds it
+    in the cache. Triton 3.9's launcher is generic (nothing is built). Best effort: a launcher
+    that cannot be built here is built by the child at its first launch."""
+    from triton.compiler import compiler
+    from triton.runtime import driver
+
+    original = compiler.CompiledKernel.__init__
+    if getattr(original, "builds_launcher", False):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            driver.active.launcher_cls(self.src, self.metadata)
+        except Exception:  # noqa: BLE001 - an optimisation only (see above)
+            pass
+
+    init.builds_launcher = True  # type: ignore[attr-defined]
+    compiler.CompiledKernel.__init__ = init  # type: ignore[method-assign]
+
+
 def compiles_on_host(kernel: Any) -> bool:
     """Whether ``kernel``'s compile hook builds the same binaries from host tensors
     (its ``compiles_on_host`` attribute; False without one)."""

@@ -133,3 +133,35 @@ def test_the_pool_compiles_from_host_tensors_the_binaries_the_child_loads(
         assert child_s is not None and child_s < CACHE_LOAD_S, (
             f"{m.config.key()}: the child took {child_s:.2f} s to compile: the pool's binary "
             "from host tensors was not the one the child's launch needed")
+
+
+def test_the_pool_builds_the_launcher_of_what_it_compiles(
+        cuda_machine: list[Gpu], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Triton 3.6 builds a C launcher per kernel signature at a binary's first launch (~200 ms
+    of the child's on a cold cache, ``bench/results/trial_cost_cold_h100/``); the pool builds
+    it beside the binary (``tuner.host_compile.build_launchers``), before anything launched."""
+    import inspect
+    import time
+
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    from search_spaces import get_kernel
+    from tuner.backends.compile_pool import CompilePool
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    kernel = get_kernel("vector_add")
+    shape = {"N": 1 << 20}
+    pool = CompilePool("cuda", kernel.ref, shape, "float32", size=1, timeout_s=120)
+    try:
+        pool.submit([kernel.default_config(shape, "float32")])
+        done: list = []
+        deadline = time.monotonic() + 120
+        while not done and time.monotonic() < deadline:
+            done = pool.poll(1.0)
+    finally:
+        pool.close()
+    assert done and done[0].failure is None, done
+    builds_c = "compile_module_from_src" in inspect.getsource(nvidia_driver.CudaLauncher)
+    launchers = list(cache.rglob("__triton_launcher*"))
+    assert bool(launchers) == builds_c, (builds_c, launchers)

@@ -92,9 +92,10 @@ def _pool_main(conn: Connection, kind: str, kernel_ref: str, shape: dict[str, in
             os.environ[HOST_COMPILE_ENV] = "1"
         kernel = load_ref(kernel_ref)
         if kind != "interpret":  # a compile needs no CUDA context: never start one for it
-            from tuner.host_compile import quiet_driver
+            from tuner.host_compile import build_launchers, quiet_driver
 
             quiet_driver()
+            build_launchers()  # and the child's first launch of a binary builds nothing
         if hold:  # imported; the device only once the parent says (``CompilePool.release``)
             go = conn.recv()
             if go is None:

@@ -30,8 +30,9 @@ none of them a recorded table the search was developed on): how long the service
 be ready (its worker's log line ``ready_s=...``: the measuring child and compile pool, the
 calibration), on a fresh store and again restarted on the same store (``--restart``: the
 calibration reused); each shape's time, POST to finished, with where it went (the task's
-``phases``: queued, setup, compile wait, compile in the child, measuring, re-timing, storing,
-the search loop itself; the rest is the client's polling and HTTP); ``--moe-sweep-service``:
+``phases``: queued, setup, compile wait, compile in the child, verifying, measuring,
+re-timing, storing, the search loop itself; the rest is the client's polling and HTTP; beside
+them the child's own seconds timing the trials); ``--moe-sweep-service``:
 the 18 token counts as one job of the running service (default budget). ``--save DIR`` keeps
 the rows and the database, so that ``--references-for DIR`` (a later call: a 96-trial search
 per problem costs minutes) adds the quality column: each problem re-tuned with

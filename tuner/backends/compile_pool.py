@@ -188,8 +188,9 @@ class CompilePool:
                  hold: bool = False) -> None:
         self._args = (kind, kernel_ref, shape, dtype, device_index)
         #: ``hold``: the processes import (the kernel's module, torch, Triton) and then wait
-        #: for ``release`` before they start the device and make their inputs, so that a GPU
-        #: child started beside them starts its device first
+        #: for ``release`` before they make their inputs (on the GPU for a kernel that does not
+        #: compile from host tensors: a CUDA start), so that a GPU child started beside them
+        #: starts its device first
         self._held = hold
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self._started = time.monotonic()
@@ -277,7 +278,8 @@ class CompilePool:
         self._note_all_ready()
 
     def release(self) -> None:
-        """Let held processes (``hold``) start the device and make their inputs, for the
+        """Let held processes (``hold``) make their inputs (and start the device for them),
+        for the
         problem the pool compiles for now."""
         with self._lock:
             if not self._held:

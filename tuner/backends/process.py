@@ -234,12 +234,14 @@ class ProcessBackend:
         self._pending: list[KernelConfig] = []  # to compile ahead behind the next batch
         if compile_workers is None:  # the interpreter has nothing to compile ahead
             compile_workers = default_pool_size() if kind == "cuda" else 0
-        # The pool's processes start beside the child but start the device only once the
-        # child has (``hold``): their CUDA starts would queue the child's (measured on an H100,
-        # the child of a 15-process pool started beside it was ready with the pool's
-        # processes, after 5-12 s), while their imports (torch, Triton, the kernel: 2.1 s
-        # byte-compiled, niced) need not wait. Then they are given work as each is ready,
-        # while the backend is already in use.
+        # The pool's processes start beside the child but make their inputs only once the
+        # child has started (``hold``): a kernel whose compile inputs are on the GPU (a user's;
+        # the built-in ones compile from host tensors, ``tuner.host_compile``, and start no
+        # CUDA context) would start the device there, and 15 CUDA starts would queue the
+        # child's (measured on an H100, the child of a 15-process pool started beside it was
+        # ready with the pool's processes, after 5-12 s), while their imports (torch, Triton,
+        # the kernel: 2.1 s byte-compiled, niced) need not wait. Then they are given work as
+        # each is ready, while the backend is already in use.
         self._pool: CompilePool | None = None
         t0 = time.monotonic()
 

@@ -278,9 +278,8 @@ class CompilePool:
         self._note_all_ready()
 
     def release(self) -> None:
-        """Let held processes (``hold``) make their inputs (and start the device for them),
-        for the
-        problem the pool compiles for now."""
+        """Let held processes (``hold``) make their inputs (starting the device where they
+        are on the GPU), for the problem the pool compiles for now."""
         with self._lock:
             if not self._held:
                 return

@@ -129,7 +129,11 @@ class TunableKernel(Protocol):
     Optional attributes: ``verification`` (str): how outputs are checked, ``"reference"`` (the
     default) or ``"unverified: no reference"`` (configs checked against each other and for
     NaN/Inf only; the API and the dashboard show it; ``verification_of``); ``output_check``
-    (an ``OutputCheck``): row-wise comparison, declared invariants (``output_check_of``).
+    (an ``OutputCheck``): row-wise comparison, declared invariants (``output_check_of``);
+    ``compiles_on_host`` (bool, default False): ``compile`` builds the GPU binary from host
+    tensors (its host code asks ``tuner.host_compile.on_gpu`` where it would ask
+    ``tensor.is_cuda``), so a GPU worker's compile pool makes the inputs in host memory and
+    starts no CUDA context (``tuner.host_compile.compiles_on_host``; the built-in kernels).
     """
 
     name: str

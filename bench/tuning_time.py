@@ -524,13 +524,16 @@ def _phase_cells(phases: Mapping[str, Any], wall: float | None) -> list[str]:
             str(int(phases.get("reused_compiles", 0))),
             _fmt(phases.get("compile_ahead_cpu"), ".1f"),
             "/".join(str(int(phases.get(f"warmups_{k}", 0))) for k in ("long", "short", "redone")),
-            _fmt(phases.get("timing_child"), ".2f")]
+            _fmt(phases.get("timing_child"), ".2f"),
+            _fmt(phases.get("compile_wait_queued", 0.0 if "compile_wait" in phases else None),
+                 ".2f")]
 
 
 PHASE_HEADER = ("queued | setup | compile wait | compile (child) | verifying | measuring | "
                 "re-timing | "
                 "storing | search loop | other (HTTP, polling) | compiled ahead | reused | "
-                "pool CPU s | warm-ups long/short/redone | timing (child) s")
+                "pool CPU s | warm-ups long/short/redone | timing (child) s | "
+                "compile wait, queued s")
 
 
 def _start_text(name: str, start: Mapping[str, Any] | None) -> str:

@@ -296,3 +296,29 @@ def test_while_a_batch_waits_for_a_compile_the_child_times_configs_compiled_ahea
     good, wrong = got
     assert good.ok and good.compile_s is not None and good.compile_s >= 0.9  # the pool's
     assert wrong.outcome is Outcome.WRONG_RESULT
+
+
+@pytest.mark.timeout(300)
+def test_a_compile_wait_while_a_config_is_queued_is_told_apart():
+    """One pool process: the batch's second config waits in the queue while the first
+    compiles (1 s), so part of the GPU child's wait is counted as queued
+    (``compile_wait_queued``); with a process for each, none is."""
+    from tuner.phases import PhaseClock
+
+    def waits(workers: int) -> dict[str, float]:
+        backend = ProcessBackend("interpret", faulty.SLOW_COMPILE.ref, {"N": 64}, "float32",
+                                 timing=FAST, compile_workers=workers)
+        try:
+            assert backend.measure([KernelConfig(MODE=faulty.GOOD, SLOW=1)])[0].ok
+            backend.clock = clock = PhaseClock()
+            got = backend.measure([KernelConfig(MODE=faulty.GOOD, SLOW=2),
+                                   KernelConfig(MODE=faulty.WRONG, SLOW=2)])
+        finally:
+            backend.close()
+        assert got[0].ok and got[1].outcome is Outcome.WRONG_RESULT, got
+        return clock.seconds
+
+    one, two = waits(1), waits(2)
+    assert one["compile_wait"] >= 1.5 and one.get("compile_wait_queued", 0.0) >= 0.7
+    assert one["compile_wait_queued"] <= one["compile_wait"]
+    assert two["compile_wait"] >= 0.8 and two.get("compile_wait_queued", 0.0) < 0.3

@@ -45,7 +45,10 @@ COUNTS = ("compile_ahead_cpu", "compiled_ahead", "reused_compiles",
           "warmups_long", "warmups_short", "warmups_redone",
           # the measuring child's own seconds timing the trials (``measuring`` less this: the
           # messages, and the parent's own work while the child waited for it)
-          "timing_child")
+          "timing_child",
+          # the part of ``compile_wait`` while a config of the batch waited in the pool's
+          # queue for a free process (the rest: all of them compiling)
+          "compile_wait_queued")
 
 
 #: phases measured outside the claim-to-finish wall time

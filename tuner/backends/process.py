@@ -512,10 +512,18 @@ class ProcessBackend:
             if not ready and self.interrupt is not None and self.interrupt():
                 raise self._stop_in_flight("waiting for compiles")
             spare = None if ready else self._spare(wanted)
+            # a wait while one of the batch's configs is still queued (no pool process free
+            # for it) is told apart from one where all are compiling (``tuner.phases``)
+            queued = not ready and self.clock is not None and not wanted.isdisjoint(
+                self._pool.queued())
             waited = time.perf_counter()
-            finished = self._pool.poll(0.0 if ready or spare is not None else 0.5)
+            # while queued, looked at again often: the dispatch takes a queued config soon
+            finished = self._pool.poll(0.0 if ready or spare is not None else
+                                       0.05 if queued else 0.5)
             if not ready and self.clock is not None:  # the GPU child idle, waiting
                 self.clock.add("compile_wait", time.perf_counter() - waited)
+                if queued:
+                    self.clock.add("compile_wait_queued", time.perf_counter() - waited)
             for compiled in finished:
                 self._ahead.discard(compiled.config)
                 if compiled.config not in wanted or compiled.config in results or any(

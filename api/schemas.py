@@ -206,9 +206,12 @@ class TaskPublic(BaseModel):
     phases: dict[str, float] | None = Field(
         None, description="where its wall time went, seconds by phase: queued (submission to "
         "claim), setup, compile_wait (the GPU waiting for the compile pool), compile_child, "
-        "measuring, retiming, storing, search (the strategy), total (claim to finish); and "
-        "beside them compile_ahead_cpu (the pool's compile seconds), compiled_ahead and "
-        "reused_compiles (configs); None before it finished")
+        "verifying (each config's run against the reference), measuring, retiming, storing, "
+        "search (the strategy), total (claim to finish); and beside them compile_ahead_cpu "
+        "(the pool's compile seconds), compiled_ahead and reused_compiles (configs), "
+        "warmups_long/short/redone (timings), timing_child (the child's own timing seconds) "
+        "and compile_wait_queued (the part of compile_wait a config spent queued for a "
+        "compile process); None before it finished")
 
 
 class JobPublic(BaseModel):

@@ -521,9 +521,10 @@ class ProcessBackend:
             finished = self._pool.poll(0.0 if ready or spare is not None else
                                        0.05 if queued else 0.5)
             if not ready and self.clock is not None:  # the GPU child idle, waiting
-                self.clock.add("compile_wait", time.perf_counter() - waited)
+                idle = time.perf_counter() - waited
+                self.clock.add("compile_wait", idle)
                 if queued:
-                    self.clock.add("compile_wait_queued", time.perf_counter() - waited)
+                    self.clock.add("compile_wait_queued", idle)
             for compiled in finished:
                 self._ahead.discard(compiled.config)
                 if compiled.config not in wanted or compiled.config in results or any(

@@ -80,8 +80,10 @@ def quiet_driver() -> None:
     """Make Triton's active driver answer the current device and stream without asking torch
     (device 0: the pool process sees only its worker's GPU; the default stream): a compile's
     ``warmup`` asks for both, and torch's current-stream lookup starts a CUDA context
-    (``bench/host_compile_probe.py``). A compile never launches, so the stream is never used.
-    Only for a process that compiles and never launches (a compile pool's)."""
+    (``bench/host_compile_probe.py``). A compile never launches; a user kernel's wrapper that
+    runs helper kernels on the pool's GPU inputs (a library's routing) launches them on the
+    default stream, which is torch's too in that process (it never sets another). Only for a
+    compile pool's process: the measuring child launches on torch's current stream."""
     from triton.runtime import driver
 
     active = driver.active

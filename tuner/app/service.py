@@ -44,6 +44,8 @@ NO_GPU_NOTE = ("no GPU found: one worker on the Triton CPU interpreter (timings 
 #: second: a database restarted by its supervisor answers within seconds, and one down for an
 #: hour costs 240 lines on stderr, not 3,600
 FIRST_RETRY_S = 1.0
+#: comma-separated logger names logged at DEBUG by ``tuner serve`` and ``tuner worker``
+DEBUG_LOGGERS_ENV = "TUNER_DEBUG_LOGGERS"
 MAX_RETRY_S = 15.0
 
 
@@ -355,6 +357,10 @@ def _log_at_info() -> None:
     root = logging.getLogger()
     if root.level > logging.INFO:  # the CLI configured WARNING; a worker reports its work
         root.setLevel(logging.INFO)
+    # loggers an operator wants at DEBUG (e.g. the timeline of each batch's compiles and
+    # timings: tuner.backends.process,tuner.backends.compile_pool,tuner.search)
+    for name in filter(None, os.environ.get(DEBUG_LOGGERS_ENV, "").split(",")):
+        logging.getLogger(name.strip()).setLevel(logging.DEBUG)
 
 
 def warm_imports(done: threading.Event | None = None) -> None:

@@ -402,6 +402,8 @@ class CompilePool:
                 if slot.ready and slot.config is None and self._queue:
                     slot.config, slot.started = self._queue.popleft(), time.monotonic()
                     slot.config_generation = self._generation
+                    log.debug("pool: compiling %s (%d queued behind it)", slot.config.key(),
+                              len(self._queue))
                     try:
                         if slot.generation != self._generation:  # retargeted since
                             slot.conn.send(("shape", self._args[1], self._args[2],
@@ -421,6 +423,8 @@ class CompilePool:
             return Compiled(config, 0.0, Measurement.failure(
                 config, Outcome.CRASH, "the compile process died while compiling"))
         slot.config = None
+        log.debug("pool: %s %s in %.2f s of the process, %.2f s after its dispatch", status,
+                  config.key(), seconds, time.monotonic() - slot.started)
         if status == "ok":
             return Compiled(config, seconds, None)
         return Compiled(config, seconds, Measurement(config, Outcome(outcome), error=error,

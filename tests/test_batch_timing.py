@@ -322,3 +322,33 @@ def test_a_compile_wait_while_a_config_is_queued_is_told_apart():
     assert one["compile_wait"] >= 1.5 and one.get("compile_wait_queued", 0.0) >= 0.7
     assert one["compile_wait_queued"] <= one["compile_wait"]
     assert two["compile_wait"] >= 0.8 and two.get("compile_wait_queued", 0.0) < 0.3
+
+
+@pytest.mark.timeout(300)
+def test_measure_ready_hands_back_what_it_timed_while_a_slow_compile_runs_on():
+    """``measure_ready``: the config whose compile finished is timed and handed back while
+    the slow one (2 s) still compiles; a later call takes the slow one from that same compile
+    instead of starting another; ``measure`` waits for every config."""
+    backend = ProcessBackend("interpret", faulty.SLOW_COMPILE.ref, {"N": 64}, "float32",
+                             timing=FAST, compile_workers=2)
+    quick = KernelConfig(MODE=faulty.GOOD, SLOW=2)  # its compile takes 1 s
+    slow = KernelConfig(MODE=faulty.GOOD, SLOW=3)  # 2 s
+    try:
+        assert backend.measure([KernelConfig(MODE=faulty.GOOD, SLOW=1)])[0].ok  # pool up
+        t0 = time.perf_counter()
+        first = backend.measure_ready([slow, quick])
+        handed_back = time.perf_counter() - t0
+        second = backend.measure_ready([slow])
+        both = time.perf_counter() - t0
+        every = backend.measure([KernelConfig(MODE=faulty.WRONG, SLOW=1),
+                                 KernelConfig(MODE=faulty.WRONG, SLOW=2)])
+    finally:
+        backend.close()
+    assert [m.config for m in first] == [quick] and first[0].ok
+    assert handed_back < 1.9  # before the slow compile finished
+    assert [m.config for m in second] == [slow] and second[0].ok
+    assert second[0].compile_s is not None and second[0].compile_s >= 1.9  # the pool's
+    # its one compile (2 s) ran on while the quick one was timed: the second call waited
+    # for what was left of it, not for a compile of its own
+    assert both - handed_back < 1.7, (handed_back, both)
+    assert [m.outcome for m in every] == [Outcome.WRONG_RESULT] * 2

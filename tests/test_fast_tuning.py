@@ -273,6 +273,118 @@ def test_the_loop_compiles_ahead_the_warm_start_then_the_models_ranking():
     assert len(result.trials) == 20
 
 
+class _SlowCompilesReplay(ReplayBackend):
+    """A replay table whose configs with ``BLOCK_K`` 128 "compile" for ``hold`` more calls
+    after first named: ``measure_ready`` hands back the others and keeps those in flight."""
+
+    preferred_batch = 6
+
+    def __init__(self, table: Any, hold: int) -> None:
+        super().__init__(table)
+        self.hold = hold
+        self.named_calls: list[list[KernelConfig]] = []
+        self.named: dict[KernelConfig, int] = {}
+
+    def measure_ready(self, configs, on_result=None):  # type: ignore[no-untyped-def]
+        self.named_calls.append(list(configs))
+        ready = []
+        for c in configs:
+            self.named[c] = self.named.get(c, 0) + 1
+            if c["BLOCK_K"] != 128 or self.named[c] > self.hold:
+                ready.append(c)
+        return super().measure(ready, on_result) if ready else []
+
+
+@pytest.mark.parametrize(("stop", "hold"), [(None, 2), (DEFAULT_STOP_CHANCE, 8)])
+def test_the_loop_asks_on_while_a_slow_compile_is_in_flight(monkeypatch, stop, hold):
+    """``measure_ready``: configs whose compile is slow stay in flight while the loop asks
+    others into the room their results freed; each config is measured once and told once,
+    the budget holds, and configs in flight when a stop rule fires are dropped."""
+    kernel = get_kernel("matmul")
+    table = load_table(REPLAY / "matmul_4096x4096x4096_bfloat16_h200.json")
+    backend = _SlowCompilesReplay(table, hold)
+    told: list[KernelConfig] = []
+    tell = ModelStrategy.tell
+
+    def spy(self, config, measurement):  # type: ignore[no-untyped-def]
+        told.append(config)
+        tell(self, config, measurement)
+
+    monkeypatch.setattr(ModelStrategy, "tell", spy)
+    warm = known_good_first(kernel, table.shape, table.dtype, backend.restrict(kernel.space()))
+    result = run_search(kernel, table.shape, table.dtype, backend,
+                        SearchOptions(trials=40, seed=0, warm_start=warm, retime_rounds=0,
+                                      stop_chance=stop))
+    measured = [m.config for m in result.trials]
+    assert len(measured) == len(set(measured)) and len(measured) <= 40
+    assert sorted(map(str, told)) == sorted(map(str, measured))  # each told once, once measured
+    slow = [c for c in measured if c["BLOCK_K"] == 128]
+    assert slow, "no slow config was asked: the test proves nothing"
+    # while a slow config was in flight, the loop named new configs beside it
+    named: set[KernelConfig] = set()
+    overlapped = 0
+    for call in backend.named_calls:
+        held = [c for c in call if c in named and c["BLOCK_K"] == 128]
+        overlapped += bool(held) and any(c not in named for c in call)
+        named.update(call)
+    assert overlapped >= 2, backend.named_calls
+    assert all(len(call) <= 4 for call in backend.named_calls)  # at most a batch in flight
+    best = min(m.p50_ms for m in result.trials if m.ok)
+    assert best <= table.best_ms * 1.02
+    if stop is None:
+        assert result.stop_reason == "budget" and len(measured) == 40
+    else:
+        assert result.stop_reason == "no expected gain"
+        dropped = set(backend.named_calls[-1]) - set(measured)
+        assert dropped and all(c["BLOCK_K"] == 128 for c in dropped)
+
+
+class _CompilingReplay(ReplayBackend):
+    """A replay table behind a pool that compiles at once (``compile_now``): records when
+    each batch's measuring began."""
+
+    def __init__(self, table: Any) -> None:
+        super().__init__(table)
+        self.began: list[float] = []
+
+    def compile_now(self, configs: list[KernelConfig]) -> None:
+        pass
+
+    def measure(self, configs, on_result=None):  # type: ignore[no-untyped-def]
+        self.began.append(time.monotonic())
+        return super().measure(configs, on_result)
+
+
+def test_the_warm_start_is_measured_while_the_strategy_is_built(monkeypatch):
+    """Behind a compile pool, the first batch (the warm start) is measured while the strategy
+    is built beside it; the search asks and measures the same configs as one that built it
+    first."""
+    import tuner.search as search
+
+    kernel = get_kernel("matmul")
+    table = load_table(REPLAY / "matmul_4096x4096x4096_bfloat16_h200.json")
+    built: list[float] = []
+    make = search.make_strategy
+
+    def slow_make(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(1.0)
+        strategy = make(*args, **kwargs)
+        built.append(time.monotonic())
+        return strategy
+
+    monkeypatch.setattr(search, "make_strategy", slow_make)
+    trials = []
+    for backend in (ReplayBackend(table), _CompilingReplay(table)):
+        warm = known_good_first(kernel, table.shape, table.dtype,
+                                backend.restrict(kernel.space()))
+        result = run_search(kernel, table.shape, table.dtype, backend,
+                            SearchOptions(trials=20, seed=0, warm_start=warm, retime_rounds=0))
+        trials.append([m.config for m in result.trials])
+    assert trials[0] == trials[1] and len(trials[1]) == 20
+    assert isinstance(backend, _CompilingReplay)
+    assert backend.began[0] < built[1] - 0.5  # the warm start measured before it was built
+
+
 def test_a_held_pool_starts_its_processes_then_waits_for_release():
     """``hold``: the processes start (imports) beside a GPU child's start and make their
     inputs on the device only once released; a held pool cannot be waited for, and closes

@@ -15,21 +15,37 @@ kernel's torch baseline; the roofline stop fires only once a re-timing confirmed
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
-from tuner.backends.base import Backend, CompilesAhead, compile_now, preferred_batch
+from tuner.backends.base import (
+    Backend,
+    CompilesAhead,
+    CompilesNow,
+    compile_now,
+    measure_ready,
+    preferred_batch,
+)
 from tuner.config import KernelConfig
 from tuner.errors import MeasuringStopped, interrupted_by
 from tuner.kernel import TunableKernel
 from tuner.measurement import Measurement, Outcome
 from tuner.space import DEFAULT_SMEM_LIMIT, ProblemContext, SearchSpace
-from tuner.strategies import kernel_has_prior, kernel_prior, make_strategy, resolve_strategy
+from tuner.strategies import (
+    kernel_has_prior,
+    kernel_prior,
+    make_strategy,
+    resolve_strategy,
+    strategy_class,
+)
 from tuner.strategies.base import Strategy
 from tuner.strategies.model_based import estimates
 
@@ -143,6 +159,14 @@ class SearchResult:
 TrialCallback = Callable[[int, Measurement], None]
 
 
+def _settle(future: Future[Strategy], build: Callable[[], Strategy]) -> None:
+    """Build a strategy into ``future`` (its error, if it raised)."""
+    try:
+        future.set_result(build())
+    except BaseException as exc:  # noqa: BLE001 - raised where the strategy is first needed
+        future.set_exception(exc)
+
+
 class SearchLoop:
     def __init__(self, kernel: TunableKernel, shape: Mapping[str, int], dtype: str,
                  backend: Backend,
@@ -159,13 +183,30 @@ class SearchLoop:
         self._warm = [c for c in dict.fromkeys([*options.warm_start, *options.listed])
                       if self.space.contains(c)]
         # the pool compiles the warm start (the first batches) while the strategy is built: a
-        # matmul space's enumeration and ranking take a second or more
-        compile_now(backend, [c for c in self._warm if self.space.violation(c, self.ctx) is None])
+        # matmul space's enumeration and ranking take a second or more; then the incumbent
+        # and the default, measured after the search unless a trial did (their compile had
+        # been the last wait of a search, 0.3-0.5 s on an H200)
+        early = [*self._warm, *(c for c in (options.incumbent, options.default)
+                                if c is not None and self.space.contains(c))]
+        compile_now(backend, [c for c in dict.fromkeys(early)
+                              if self.space.violation(c, self.ctx) is None])
         # the kernel's own prior ranks configs (kernels without the optional prior hook
         # have none: flat); "auto" is chosen by whether the kernel has one
         name = resolve_strategy(options.strategy, kernel_has_prior(kernel, shape, dtype, self.ctx))
-        self.strategy: Strategy = make_strategy(name, self.space, self.ctx, options.seed,
-                                                options.trials, prior=kernel_prior(kernel))
+        self._systematic = strategy_class(name).systematic  # an unknown name: raised here
+        self._strategy: Strategy | None = None
+        # the strategy (a matmul space's enumeration and ranking: 0.7-1.3 s) is built beside
+        # the first batch where a compile pool is compiling the warm start: the GPU times
+        # the warm start meanwhile, which needs no strategy
+        build = functools.partial(make_strategy, name, self.space, self.ctx, options.seed,
+                                  options.trials, prior=kernel_prior(kernel))
+        self._building: Future[Strategy] | None = None
+        if isinstance(backend, CompilesNow) and self._warm and not options.resume:
+            self._building = Future()
+            threading.Thread(target=_settle, args=(self._building, build),
+                             name="strategy", daemon=True).start()
+        else:
+            self._strategy = build()
         self.rng = random.Random(options.seed)
         self.tried: dict[KernelConfig, Measurement] = {}
         self.trials: list[Measurement] = []
@@ -180,20 +221,39 @@ class SearchLoop:
         #: configs whose trial reached the roofline, and their confirming re-timed p50 (None:
         #: the re-timing failed); each is confirmed once
         self._confirmed: dict[KernelConfig, float | None] = {}
+        #: configs handed to the backend and not measured yet (``measure_ready`` hands back
+        #: what it timed while the others compile on), and the asks not answered yet (a
+        #: config asked again while in flight is answered once it is measured)
+        self._inflight: list[KernelConfig] = []
+        self._unanswered: list[tuple[KernelConfig, bool]] = []
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy (waiting for its build beside the first batch, if that still runs)."""
+        if self._strategy is None:
+            assert self._building is not None
+            self._strategy = self._building.result()
+        return self._strategy
+
+    def _strategy_ready(self) -> bool:
+        return self._strategy is not None or (self._building is not None
+                                               and self._building.done())
 
     # -- proposals ---------------------------------------------------------------------------
 
     def _feasible_untried(self) -> list[KernelConfig]:
         if self._feasible is None:
             self._feasible = self.space.feasible(self.ctx)
-        return [c for c in self._feasible if c not in self.tried]
+        return [c for c in self._feasible if c not in self.tried and c not in self._inflight]
 
     def _propose(self) -> tuple[KernelConfig, bool] | None:
         """The next config and whether the strategy asked for it."""
         while self._warm:
             config = self._warm.pop(0)
-            if config not in self.tried and self.space.violation(config, self.ctx) is None:
+            if config not in self.tried and config not in self._inflight and \
+                    self.space.violation(config, self.ctx) is None:
                 return config, False
+        self._answer()  # the strategy learns what was measured before it asks
         wasted = 0
         while wasted < MAX_WASTED_PROPOSALS and not self._exhausted:
             asked = self.strategy.ask()
@@ -218,12 +278,12 @@ class SearchLoop:
 
     def _next_batch(self, room: int) -> list[tuple[KernelConfig, bool]]:
         batch: list[tuple[KernelConfig, bool]] = []
-        pending: set[KernelConfig] = set()
+        pending: set[KernelConfig] = set(self._inflight)
         while len(batch) < room:
             proposal = self._propose()
             if proposal is None:
                 break
-            if proposal[0] in pending:  # asked twice in one batch: answer it after measuring
+            if proposal[0] in pending:  # asked again before measured: answered once it is
                 batch.append(proposal)
                 continue
             pending.add(proposal[0])
@@ -366,22 +426,46 @@ class SearchLoop:
         )
 
     def _search(self, started: float) -> str:
+        """Ask, measure, tell until a stop reason. Up to a batch of configs is in flight: the
+        backend hands back what it could time while others still compile
+        (``measure_ready``), and the freed room is asked again at once, so that the GPU times
+        configs compiled ahead instead of waiting for one slow compile. The configs in
+        flight when the search stops are dropped: the stop rules count them as untried
+        (``Strategy.improvement_chance``), as if never asked."""
         reason = self._stop_reason(started)
         while reason is None:
-            room = min(self._batch_size(), self.cap - len(self.trials))
-            batch = self._next_batch(room)
-            if not batch:
+            room = min(self._batch_size(), self.cap - len(self.trials)) - len(self._inflight)
+            asking = time.monotonic()
+            batch = self._next_batch(room) if room > 0 else []
+            log.debug("asked %d configs in %.3f s (%d by the strategy), %d in flight",
+                      len(batch), time.monotonic() - asking,
+                      sum(asked for _c, asked in batch), len(self._inflight))
+            if not batch and not self._inflight:
                 return "space exhausted"
-            fresh = [c for c, _ in dict.fromkeys(batch) if c not in self.tried]
+            self._inflight += [c for c, _ in dict.fromkeys(batch)
+                               if c not in self.tried and c not in self._inflight]
+            self._unanswered += batch
             self._compile_ahead()
             # each trial is recorded (and stored by on_trial) as soon as it is measured
-            measured = self.backend.measure(fresh, on_result=self._record_fresh)
+            measured = measure_ready(self.backend, self._inflight,
+                                     on_result=self._record_fresh)
             for m in measured:  # a backend that did not report a result as it went
                 self._record_fresh(m)
-            for config, _asked in batch:
-                self.strategy.tell(config, self.tried[config])
+            self._inflight = [c for c in self._inflight if c not in self.tried]
+            if self._strategy_ready() or not self._warm:  # else: told once it is built
+                self._answer()
             reason = self._stop_reason(started)
+        if self._inflight:
+            log.debug("stopped (%s) with %d configs in flight, dropped", reason,
+                      len(self._inflight))
         return reason
+
+    def _answer(self) -> None:
+        """Tell the strategy the measurements of the asks answered by now."""
+        answered = [(c, a) for c, a in self._unanswered if c in self.tried]
+        self._unanswered = [(c, a) for c, a in self._unanswered if c not in self.tried]
+        for config, _asked in answered:
+            self.strategy.tell(config, self.tried[config])
 
     def _compile_ahead(self) -> None:
         """Hand a backend that compiles ahead (``prefetch``: the process backend's compile
@@ -392,7 +476,8 @@ class SearchLoop:
             return
         n = preferred_batch(self.backend)
         ahead = [c for c in self._warm if c not in self.tried][:n]
-        ahead += self.strategy.upcoming(n - len(ahead)) if len(ahead) < n else []
+        if len(ahead) < n and self._strategy_ready():  # not before it is built
+            ahead += self.strategy.upcoming(n - len(ahead))
         if ahead:
             self.backend.prefetch(list(dict.fromkeys(ahead)))
 
@@ -400,7 +485,7 @@ class SearchLoop:
         if self.options.batch_size:
             return self.options.batch_size
         preferred = preferred_batch(self.backend)
-        return preferred if self.strategy.systematic else max(1, min(4, preferred))
+        return preferred if self._systematic else max(1, min(4, preferred))
 
     def _fastest_verified(self) -> list[Measurement]:
         """The ``finalists`` fastest verified trials, and the user's list's fastest (re-timed

@@ -467,6 +467,18 @@ class ProcessBackend:
         compile finished while the pool compiles the rest (the batch ahead of configs
         compiled ahead; configs compiled ahead already are timed first). Each result goes to
         ``on_result`` as soon as it is known."""
+        return self._measure(configs, on_result, every=True)
+
+    def measure_ready(self, configs: Sequence[KernelConfig],
+                      on_result: MeasuredCallback | None = None) -> list[Measurement]:
+        """As ``measure``, but back as soon as the child would wait for a compile and at
+        least one config was measured (``MeasuresAsReady``): the results so far, in the order
+        of ``configs``; the others compile on and are taken by the next call that names
+        them (from the compiles kept, or as they finish). Without a compile pool: all."""
+        return self._measure(configs, on_result, every=False)
+
+    def _measure(self, configs: Sequence[KernelConfig], on_result: MeasuredCallback | None,
+                 every: bool) -> list[Measurement]:
         unique = list(dict.fromkeys(configs))
         results: dict[KernelConfig, Measurement] = {}
 
@@ -505,21 +517,28 @@ class ProcessBackend:
                 done(compiled.failure)  # type: ignore[arg-type]
             else:
                 ready.append(compiled)
-        self._pool.submit([c for c in unique if c in wanted and c not in
-                           {r.config for r in ready}], first=True)
+        to_compile = [c for c in unique if c in wanted and c not in {r.config for r in ready}]
+        log.debug("measure: %d configs, %d timed ahead, %d compiled, %d to compile (%d of "
+                  "them queued or compiling ahead already)", len(unique),
+                  len(unique) - len(wanted), len(ready), len(to_compile),
+                  sum(c in self._ahead for c in to_compile))
+        self._pool.submit(to_compile, first=True)
         self._submit_ahead()
+        began = time.perf_counter()
         while len(results) < len(unique):
             if not ready and self.interrupt is not None and self.interrupt():
                 raise self._stop_in_flight("waiting for compiles")
-            spare = None if ready else self._spare(wanted)
+            # measure_ready: something measured and nothing ready: a last look, then back
+            handing_back = not every and bool(results)
+            spare = None if ready or handing_back else self._spare(wanted)
             # a wait while one of the batch's configs is still queued (no pool process free
             # for it) is told apart from one where all are compiling (``tuner.phases``)
             queued = not ready and self.clock is not None and not wanted.isdisjoint(
                 self._pool.queued())
             waited = time.perf_counter()
             # while queued, looked at again often: the dispatch takes a queued config soon
-            finished = self._pool.poll(0.0 if ready or spare is not None else
-                                       0.05 if queued else 0.5)
+            finished = self._pool.poll(0.0 if ready or spare is not None or handing_back
+                                       else 0.05 if queued else 0.5)
             if not ready and self.clock is not None:  # the GPU child idle, waiting
                 idle = time.perf_counter() - waited
                 self.clock.add("compile_wait", idle)
@@ -539,6 +558,8 @@ class ProcessBackend:
                     ready.append(compiled)
             if ready:  # every config compiled by now: one batch of the child's
                 batch = {c.config: c for c in ready}
+                log.debug("measure: a batch of %d at %.2f s, %d left to compile", len(batch),
+                          time.perf_counter() - began, len(wanted) - len(batch))
                 ready.clear()
                 wanted.difference_update(batch)
 
@@ -556,9 +577,13 @@ class ProcessBackend:
                          else m)
 
                 self._measure_batch(list(batch), pooled)
+            elif handing_back:
+                break
             elif spare is not None and spare.config in self._compiled:
                 self._time_ahead(spare)
-        return [results[c] for c in configs]
+        log.debug("measure: %d of %d done in %.2f s", len(results), len(unique),
+                  time.perf_counter() - began)
+        return [results[c] for c in configs if c in results]
 
     def _spare(self, wanted: set[KernelConfig]) -> Compiled | None:
         """With ``time_ahead``, a config compiled ahead (the search asked for it to be: the

@@ -63,13 +63,20 @@ def kernel_has_prior(kernel: Any, shape: Mapping[str, int], dtype: str,
     return prior(kernel.default_config(shape, dtype), ctx) is not None
 
 
+def strategy_class(name: str) -> type[Strategy]:
+    """The class of a strategy by its name (``auto`` taken as with a prior); an unknown name
+    raises InvalidRequest naming the field."""
+    cls = STRATEGIES.get(resolve_strategy(name, True))
+    if cls is None:
+        raise InvalidRequest(f"unknown strategy {name!r}; choose one of "
+                             f"{', '.join(strategy_names())}", field="strategy")
+    return cls
+
+
 def make_strategy(name: str, space: SearchSpace, ctx: ProblemContext, seed: int,
                   budget: int, prior: Prior | None = None) -> Strategy:
     """A strategy by name, given the kernel's prior (None: flat). ``auto`` is resolved here by
     whether a prior is given; a caller that holds the kernel resolves it first with
     ``resolve_strategy(name, kernel_has_prior(...))`` (the search loop does)."""
-    cls = STRATEGIES.get(resolve_strategy(name, prior is not None))
-    if cls is None:
-        raise InvalidRequest(f"unknown strategy {name!r}; choose one of "
-                             f"{', '.join(strategy_names())}", field="strategy")
-    return cls(space, ctx, seed, budget, prior=prior)
+    return strategy_class(resolve_strategy(name, prior is not None))(space, ctx, seed, budget,
+                                                                    prior=prior)

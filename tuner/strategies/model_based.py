@@ -241,8 +241,9 @@ class ModelStrategy(Strategy):
 
     def most_promising(self, best_ms: float, band: float) -> tuple[float, int | None]:
         """``improvement_chance`` and the index (into ``configs``) of the untried config it
-        rests on; (0.0, None) when nothing is left."""
-        free = self._free()
+        rests on; (0.0, None) when nothing is left. A config asked and not measured yet
+        counts as untried: a search that stops with configs in flight drops them."""
+        free = ~self.tried
         if not free.any() or best_ms <= 0:
             return 0.0, None
         pred, support = self._predict()

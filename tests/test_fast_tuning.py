@@ -339,16 +339,21 @@ def test_the_loop_asks_on_while_a_slow_compile_is_in_flight(monkeypatch, stop, h
         assert dropped and all(c["BLOCK_K"] == 128 for c in dropped)
 
 
-class _CompilingReplay(ReplayBackend):
+class _BatchingReplay(ReplayBackend):
+    preferred_batch = 6
+
+
+class _CompilingReplay(_BatchingReplay):
     """A replay table behind a pool that compiles at once (``compile_now``): records when
     each batch's measuring began."""
 
     def __init__(self, table: Any) -> None:
         super().__init__(table)
         self.began: list[float] = []
+        self.now: list[list[KernelConfig]] = []
 
     def compile_now(self, configs: list[KernelConfig]) -> None:
-        pass
+        self.now.append(list(configs))
 
     def measure(self, configs, on_result=None):  # type: ignore[no-untyped-def]
         self.began.append(time.monotonic())
@@ -357,8 +362,8 @@ class _CompilingReplay(ReplayBackend):
 
 def test_the_warm_start_is_measured_while_the_strategy_is_built(monkeypatch):
     """Behind a compile pool, the first batch (the warm start) is measured while the strategy
-    is built beside it; the search asks and measures the same configs as one that built it
-    first."""
+    is built beside it, which then has the pool compile what it would ask first; the search
+    asks and measures the same configs as one that built it first."""
     import tuner.search as search
 
     kernel = get_kernel("matmul")
@@ -374,7 +379,7 @@ def test_the_warm_start_is_measured_while_the_strategy_is_built(monkeypatch):
 
     monkeypatch.setattr(search, "make_strategy", slow_make)
     trials = []
-    for backend in (ReplayBackend(table), _CompilingReplay(table)):
+    for backend in (_BatchingReplay(table), _CompilingReplay(table)):
         warm = known_good_first(kernel, table.shape, table.dtype,
                                 backend.restrict(kernel.space()))
         result = run_search(kernel, table.shape, table.dtype, backend,
@@ -383,6 +388,10 @@ def test_the_warm_start_is_measured_while_the_strategy_is_built(monkeypatch):
     assert trials[0] == trials[1] and len(trials[1]) == 20
     assert isinstance(backend, _CompilingReplay)
     assert backend.began[0] < built[1] - 0.5  # the warm start measured before it was built
+    # the warm start (and the default) at once, then the strategy's first picks
+    assert len(backend.now) == 2 and len(backend.now[1]) == 6
+    asked_next = trials[1][len(warm):len(warm) + 4]
+    assert sum(c in backend.now[1] for c in asked_next) >= 2, (asked_next, backend.now[1])
 
 
 def test_a_held_pool_starts_its_processes_then_waits_for_release():

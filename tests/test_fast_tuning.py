@@ -394,6 +394,38 @@ def test_the_warm_start_is_measured_while_the_strategy_is_built(monkeypatch):
     assert sum(c in backend.now[1] for c in asked_next) >= 2, (asked_next, backend.now[1])
 
 
+def test_a_strategy_built_after_its_search_ended_hands_the_backend_nothing(monkeypatch):
+    """A search that ends before its strategy is built (cancelled at once here): the build
+    finishes later and hands the backend, which may measure another problem by then, none of
+    its picks."""
+    import tuner.search as search
+
+    kernel = get_kernel("matmul")
+    table = load_table(REPLAY / "matmul_4096x4096x4096_bfloat16_h200.json")
+    make = search.make_strategy
+    built = []
+
+    def slow_make(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)
+        built.append(make(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(search, "make_strategy", slow_make)
+    backend = _CompilingReplay(table)
+    warm = known_good_first(kernel, table.shape, table.dtype, backend.restrict(kernel.space()))
+    loop = search.SearchLoop(kernel, table.shape, table.dtype, backend,
+                             SearchOptions(trials=20, seed=0, warm_start=warm, retime_rounds=0),
+                             should_stop=lambda: True)
+    result = loop.run()
+    assert result.stop_reason == "cancelled" and not result.trials
+    deadline = time.monotonic() + 10
+    while not built and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert built, "the strategy was never built: the test proves nothing"
+    assert len(backend.now) == 1  # the warm start, at the search's start; nothing after
+
+
 def test_a_held_pool_starts_its_processes_then_waits_for_release():
     """``hold``: the processes start (imports) beside a GPU child's start and make their
     inputs on the device only once released; a held pool cannot be waited for, and closes

@@ -159,17 +159,41 @@ class SearchResult:
 TrialCallback = Callable[[int, Measurement], None]
 
 
-def _settle(future: Future[Strategy], build: Callable[[], Strategy], backend: Backend) -> None:
-    """Build a strategy into ``future`` (its error, if it raised), and have ``backend``'s
-    pool compile what it would ask first (``upcoming``) before the loop may use it: the
-    first batch's results come about when it is built (an H100: 0.7-1.5 s), and the next
-    batch asks those."""
-    try:
-        strategy = build()
-        compile_now(backend, strategy.upcoming(preferred_batch(backend)))
-        future.set_result(strategy)
-    except BaseException as exc:  # noqa: BLE001 - raised where the strategy is first needed
-        future.set_exception(exc)
+class _StrategyBuild:
+    """A strategy built in a thread beside the search's first batch (the warm start needs
+    none): once built, it has ``backend``'s pool compile what it would ask first
+    (``upcoming``) before the loop may use it, since the first batch's results come about
+    when it is built (an H100: 0.7-1.5 s) and the next batch asks those. Not once the search
+    ended (``close``): the backend may measure another problem by then."""
+
+    def __init__(self, build: Callable[[], Strategy], backend: Backend) -> None:
+        self._future: Future[Strategy] = Future()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._build, args=(build, backend), name="strategy",
+                         daemon=True).start()
+
+    def _build(self, build: Callable[[], Strategy], backend: Backend) -> None:
+        try:
+            strategy = build()
+            with self._lock:
+                if not self._closed:
+                    compile_now(backend, strategy.upcoming(preferred_batch(backend)))
+            self._future.set_result(strategy)
+        except BaseException as exc:  # noqa: BLE001 - raised where the strategy is needed
+            self._future.set_exception(exc)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> Strategy:
+        """The strategy (waiting for its build); its build's error, if it raised."""
+        return self._future.result()
+
+    def close(self) -> None:
+        """The search ended: nothing more is handed to the backend."""
+        with self._lock:
+            self._closed = True
 
 
 class SearchLoop:
@@ -205,11 +229,9 @@ class SearchLoop:
         # the warm start meanwhile, which needs no strategy
         build = functools.partial(make_strategy, name, self.space, self.ctx, options.seed,
                                   options.trials, prior=kernel_prior(kernel))
-        self._building: Future[Strategy] | None = None
+        self._building: _StrategyBuild | None = None
         if isinstance(backend, CompilesNow) and self._warm and not options.resume:
-            self._building = Future()
-            threading.Thread(target=_settle, args=(self._building, build, backend),
-                             name="strategy", daemon=True).start()
+            self._building = _StrategyBuild(build, backend)
         else:
             self._strategy = build()
         self.rng = random.Random(options.seed)
@@ -422,6 +444,9 @@ class SearchLoop:
                 raise
             reason = "interrupted"
             finalists = self._fastest_verified()
+        finally:
+            if self._building is not None:
+                self._building.close()
         return SearchResult(
             best=min(finalists, key=lambda m: m.p50_ms or 0.0) if finalists else None,
             trials=self.trials, pruned=self.pruned, stop_reason=reason,

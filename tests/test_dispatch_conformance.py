@@ -53,14 +53,15 @@ def no_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Setup:
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(self, name: str, url: str, data_dir: Any) -> None:
         self.name, self.url = name, url
         self.kind = name.split("-")[0]
         self.env = {**NO_EARLY_STOP, "TUNER_DATABASE_URL": url, "TUNER_DISPATCH": self.kind,
                     "TUNER_LEASE_SECONDS": str(LEASE_S), "TUNER_REAP_INTERVAL_SECONDS": "1",
                     "TUNER_STALLED_AFTER_S": str(STALLED_S)}
         self.settings = Settings(database_url=url, dispatch=self.kind, lease_seconds=LEASE_S,
-                                 reap_interval_seconds=1, stalled_after_s=STALLED_S)
+                                 reap_interval_seconds=1, stalled_after_s=STALLED_S,
+                                 data_dir=data_dir)
         self.factory = init_db(url)
         self.dispatchers: list[Dispatcher] = []
 
@@ -74,13 +75,13 @@ class Setup:
 def setup(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Setup]:
     if request.param == "embedded-sqlite":
         url = f"sqlite:///{tmp_path / 'dispatch.db'}"
-        s = Setup(request.param, url)
+        s = Setup(request.param, url, tmp_path)
         yield s
     else:
         if not POSTGRES_URL:
             pytest.skip("TUNER_TEST_POSTGRES_URL is not set")
         for url in _postgres_database():
-            s = Setup(request.param, url)
+            s = Setup(request.param, url, tmp_path)
             try:
                 yield s
             finally:
@@ -180,6 +181,25 @@ def test_every_task_runs_once_on_a_worker_of_its_device(setup):
                 assert by_task[task.id] == "worker-a"
             elif device == "dev-b":
                 assert by_task[task.id] == "worker-b"
+
+
+def test_an_idle_worker_takes_a_queued_job_at_once(setup):
+    """An idle worker polling every 30 s takes a job within a second of its enqueue: the
+    embedded dispatcher rings its doorbell, procrastinate notifies."""
+    ran: list[tuple[str, int]] = []
+    worker = _Recording(setup, "interpret:cpu", "worker-idle", ran)
+    worker.poll_seconds = 30.0
+    serving = _Serving(setup, worker)
+    try:
+        time.sleep(1.5)  # it looked at the empty queue and waits
+        job_id = _job(setup, [SHAPE])
+        queued = time.monotonic()
+        setup.dispatcher().enqueue_job(job_id)
+        _until(lambda: ran, 10, "the task was taken")
+        taken = time.monotonic() - queued
+    finally:
+        serving.stop(seconds=40)
+    assert taken < 1.5, taken
 
 
 def _worker(setup: Setup, name: str) -> Worker:

@@ -618,6 +618,10 @@ class Worker:
         self.timing = timing
         self.id = name or worker_id()
         self.stopping = threading.Event()
+        #: how an idle worker waits before it looks at the queue again (at most the seconds
+        #: given): on ``stopping``, or the embedded dispatcher's doorbell (rung when a job is
+        #: queued: ``tuner.app.dispatch.doorbell``)
+        self.idle_wait: Callable[[float], object] = self.stopping.wait
         self.healthy = True
         self.last_error: str | None = None
         #: set once this process imported what tasks need (``tuner.app.service.warm_imports``,
@@ -697,7 +701,7 @@ class Worker:
                     if self.run_once() is None:
                         if self.keeper is not None:
                             self.keeper.close_if_idle()
-                        self.stopping.wait(self.poll_seconds)
+                        self.idle_wait(self.poll_seconds)
                 except Exception:  # noqa: BLE001 - a worker must outlive one bad task
                     log.exception("worker %s: task failed unexpectedly", self.id)
                     self.stopping.wait(self.poll_seconds)

@@ -93,9 +93,11 @@ def make_dispatcher(settings: Settings, factory: Any) -> Dispatcher:
     Procrastinate's schema is created in that database when missing."""
     name = dispatch_name(settings)
     if name == "embedded":
+        from tuner.app.dispatch.doorbell import doorbell_dir
         from tuner.app.dispatch.embedded import EmbeddedDispatcher
 
-        return EmbeddedDispatcher(factory, reap_interval_s=settings.reap_interval_seconds)
+        return EmbeddedDispatcher(factory, reap_interval_s=settings.reap_interval_seconds,
+                                  doorbells=doorbell_dir(settings.data_dir))
     from tuner.app.dispatch.procrastinate import ProcrastinateDispatcher
 
     return ProcrastinateDispatcher(factory, settings.resolved_database_url,

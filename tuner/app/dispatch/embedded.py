@@ -2,13 +2,18 @@
 
 A worker polls ``repo.claim_task`` (a guarded UPDATE: two workers never get one task), renews
 the task's lease while it runs, and a reaper thread in every worker re-queues tasks whose
-lease expired (their worker died or froze). A cancel is seen by the running task at its
-next status check; nothing needs telling."""
+lease expired (their worker died or froze). A queued job rings the doorbells of the idle
+workers on this machine (``tuner.app.dispatch.doorbell``), which look at once instead of at
+their next poll. A cancel is seen by the running task at its next status check; nothing
+needs telling."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tuner.app.dispatch.doorbell import Doorbell, ring
 
 if TYPE_CHECKING:
     from tuner.app.worker import Worker
@@ -17,11 +22,16 @@ if TYPE_CHECKING:
 class EmbeddedDispatcher:
     name = "embedded"
 
-    def __init__(self, factory: Any, *, reap_interval_s: float) -> None:
+    def __init__(self, factory: Any, *, reap_interval_s: float,
+                 doorbells: Path | None = None) -> None:
         self.factory, self.reap_interval_s = factory, reap_interval_s
+        #: the folder of this machine's workers' doorbells (None: workers only poll)
+        self.doorbells = doorbells
 
     def enqueue_job(self, job_id: str) -> None:
-        """Nothing to do: a committed queued task is claimable."""
+        """A committed queued task is claimable: the idle workers here are told to look."""
+        if self.doorbells is not None:
+            ring(self.doorbells)
 
     def cancel_job(self, job_id: str) -> None:
         """Nothing to do: the task's status is what its worker checks."""
@@ -31,7 +41,15 @@ class EmbeddedDispatcher:
 
         threading.Thread(target=reap_forever, name="reaper", daemon=True,
                          args=(self.factory, self.reap_interval_s, worker.stopping)).start()
-        worker.run_forever()
+        doorbell = None
+        if self.doorbells is not None:
+            doorbell = Doorbell(self.doorbells, worker.id, worker.stopping)
+            worker.idle_wait = doorbell.wait
+        try:
+            worker.run_forever()
+        finally:
+            if doorbell is not None:
+                doorbell.close()
 
     def close(self) -> None:
         """Holds nothing."""

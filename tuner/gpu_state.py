@@ -11,8 +11,9 @@ Without NVML every field is None; the interpreter records no GPU state at all.
 
 **The protocol: settled sustained state** (``TimingOptions.protocol``, env
 ``TUNER_TIMING_PROTOCOL``; the default). Every full timing (a trial, each round of a
-re-timing, the torch baseline, the calibration) is preceded by ``settle_warmup_ms`` (100 ms)
-of the timed work itself, unless it follows another timing back to back (under
+re-timing, the torch baseline, the calibration) is preceded by ``settle_warmup_ms`` (50 ms;
+100 ms until the H100's ``bench/results/tuning_time_33i/warmup_floor_h100*.md`` found 50 ms
+as close to a 400 ms warm-up as 100 ms) of the timed work itself, unless it follows another timing back to back (under
 ``settle_gap_s``: a re-timing's rounds), when the clock is already at its sustained level. A
 batch's trials, timed one after the other, keep the short warm-up back to back only while the
 power after the previous timing was quiet (``tuner.backends.child._full_warmup_ms``: right
@@ -30,7 +31,7 @@ limiter has brought the clock to its sustained level (~1485 MHz at 700 W) and th
   not at the boost clock of a GPU that just idled;
 - it is repeatable (0.6% against 3.8% for boost timings taken after idling), so a stored best
   is replaced only by a real gain;
-- it costs 100 ms per full timing, nothing for configs dismissed by their quick timing, and
+- it costs 50 ms per full timing, nothing for configs dismissed by their quick timing, and
   needs no knowledge of a particular GPU's clock bands;
 - configs, the finalists, the incumbent (the stored best), the torch baseline and the
   calibration's ceilings are all timed in that state, so ratios compare like with like.

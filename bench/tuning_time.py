@@ -713,6 +713,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def copy_sqlite(src: str | Path, dst: str | Path) -> None:
+    """``src``'s database into ``dst`` through SQLite's backup: with what its write-ahead log
+    holds (a copy of the main file alone lost the last jobs a stopped service had not
+    checkpointed, and with them the incumbents the references time)."""
+    import sqlite3
+
+    Path(dst).unlink(missing_ok=True)
+    source, target = sqlite3.connect(str(src)), sqlite3.connect(str(dst))
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+
+
 def _service_main(args: argparse.Namespace, command: str) -> int:
     import shutil
 
@@ -729,7 +744,7 @@ def _service_main(args: argparse.Namespace, command: str) -> int:
         if args.save:
             save = Path(args.save)
             save.mkdir(parents=True, exist_ok=True)
-            shutil.copy(report["db"], save / "service.db")
+            copy_sqlite(report["db"], save / "service.db")
             for log in Path(tmp).glob("*.log"):  # the services' own logs
                 shutil.copy(log, save / log.name)
             report["db"] = str(save / "service.db")

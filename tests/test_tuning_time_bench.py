@@ -77,3 +77,33 @@ def test_the_compile_pool_s_warm_line_counts_in_the_start_target():
     text = markdown_service(report, "cmd")
     assert "its compile pool warm **6.0 s** after it" in text and "(missed the 5 s" in text
     assert "pool warm after command" not in text  # shown once, not again among the steps
+
+
+def test_a_saved_store_keeps_what_only_its_write_ahead_log_holds(tmp_path):
+    """``--save`` copies a service's SQLite store; rows a running (or killed) service has not
+    checkpointed live only in its ``-wal`` file: the copy must hold them (the references
+    time the fast jobs' stored bests from it)."""
+    import shutil
+    import sqlite3
+
+    from bench.tuning_time import copy_sqlite
+
+    src = tmp_path / "service.db"
+    writer = sqlite3.connect(src)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("CREATE TABLE jobs (id INTEGER)")
+    writer.executemany("INSERT INTO jobs VALUES (?)", [(i,) for i in range(5)])
+    writer.commit()  # still open: nothing checkpointed into the main file
+    assert (tmp_path / "service.db-wal").stat().st_size > 0
+
+    shutil.copy(src, tmp_path / "plain.db")  # the main file alone
+    plain = sqlite3.connect(tmp_path / "plain.db")
+    assert plain.execute("SELECT name FROM sqlite_master").fetchall() == []
+    plain.close()
+
+    copy_sqlite(src, tmp_path / "saved.db")
+    saved = sqlite3.connect(tmp_path / "saved.db")
+    assert saved.execute("SELECT count(*) FROM jobs").fetchone() == (5,)
+    saved.close()
+    writer.close()

@@ -66,7 +66,7 @@ def one_run(job: Job) -> tuple[str, bool, str, list[float]]:
     return strategy, warm, path, [best_after(result.trials, b) / table.best_ms for b in budgets]
 
 
-StopJob = tuple[str, int, bool, int]
+StopJob = tuple[str, int, bool, int, int]
 #: what the stop rule is judged by: a stopped run's best within this of the optimum
 STOP_BAND = 0.02
 
@@ -74,7 +74,7 @@ STOP_BAND = 0.02
 def stop_run(job: StopJob) -> tuple[str, bool, int, float, str]:
     """One search of a table with the default stop rule: (table, warm, trials used, best /
     optimum, stop reason)."""
-    path, seed, warm, cap = job
+    path, seed, warm, cap, batch = job
     from search_spaces import get_kernel
     from tuner.backends.replay import ReplayBackend, load_table
     from tuner.search import DEFAULT_STOP_CHANCE, SearchOptions, known_good_first, run_search
@@ -88,7 +88,8 @@ def stop_run(job: StopJob) -> tuple[str, bool, int, float, str]:
                              backend.restrict(kernel.space())) if warm else []
     result = run_search(kernel, table.shape, table.dtype, backend,
                         SearchOptions(trials=cap, seed=seed, warm_start=start, retime_rounds=0,
-                                      stop_chance=DEFAULT_STOP_CHANCE))
+                                      stop_chance=DEFAULT_STOP_CHANCE,
+                                      batch_size=batch or None))
     used = len(result.trials)
     return path, warm, used, best_after(result.trials, used) / table.best_ms, result.stop_reason
 
@@ -139,7 +140,7 @@ def stop_rule_main(args: argparse.Namespace, argv: Sequence[str], paths: list[st
 
     cap = max(int(b) for b in args.budgets.split(","))
     settings = (False,) if args.cold_only else (False, True)
-    jobs: list[StopJob] = [(p, seed, warm, cap) for warm in settings for p in paths
+    jobs: list[StopJob] = [(p, seed, warm, cap, args.batch) for warm in settings for p in paths
                            for seed in range(args.seeds)]
     t0 = time.monotonic()
     runs: dict[tuple[str, bool], list[StopRow]] = {}
@@ -153,7 +154,8 @@ def stop_rule_main(args: argparse.Namespace, argv: Sequence[str], paths: list[st
              f"{DEFAULT_STOP_MIN_TRIALS} trials, no improvement for {DEFAULT_STOP_QUIET}, and the "
              f"model's chance that an untried config beats the best by over "
              f"{DEFAULT_STOP_BAND:.0%} under {DEFAULT_STOP_CHANCE:.0%}. best/opt: the best "
-             "found when the run ended / the table's optimum.", ""]
+             "found when the run ended / the table's optimum. Configs asked before any of them "
+             f"is told: {args.batch or 'the replay backend own (1)'}.", ""]
     for warm in settings:
         lines += stop_rule_table(runs, paths, warm)
     return "\n".join(lines) + "\n"
@@ -293,6 +295,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="trial counts the ratio is read at; the largest is the run's budget")
     ap.add_argument("--cold-only", action="store_true", help="skip the warm-start setting")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="with --stop-rule: configs asked before any is told (the service's "
+                         "search keeps up to 4 in flight; 0: the replay backend's own, 1)")
     ap.add_argument("--stop-rule", action="store_true",
                     help="the default strategy with the default stop rule: trials used and "
                          "best/optimum per table")

@@ -13,12 +13,13 @@ Without NVML every field is None; the interpreter records no GPU state at all.
 ``TUNER_TIMING_PROTOCOL``; the default). Every full timing (a trial, each round of a
 re-timing, the torch baseline, the calibration) is preceded by ``settle_warmup_ms`` (50 ms;
 100 ms until the H100's ``bench/results/tuning_time_33i/warmup_floor_h100*.md`` found 50 ms
-as close to a 400 ms warm-up as 100 ms) of the timed work itself, unless it follows another timing back to back (under
-``settle_gap_s``: a re-timing's rounds), when the clock is already at its sustained level. A
-batch's trials, timed one after the other, keep the short warm-up back to back only while the
-power after the previous timing was quiet (``tuner.backends.child._full_warmup_ms``: right
-after a lighter config the clock is that config's, and the winners of a power-capped problem
-timed 4-14% fast: ``bench/results/batch_bias_probe_h100/``).
+as close to a 400 ms warm-up as 100 ms) of the timed work itself, unless it follows another
+timing back to back (under ``settle_gap_s``: a re-timing's rounds), when the clock is
+already at its sustained level. A batch's trials, timed one after the other, keep the short
+warm-up back to back only while the power after the previous timing was quiet
+(``tuner.backends.child._full_warmup_ms``: right after a lighter config the clock is that
+config's, and the winners of a power-capped problem timed 4-14% fast:
+``bench/results/batch_bias_probe_h100/``).
 Measured on the H200 (``bench/results/warmup_probe_h200.md``, a
 compute-bound 8192^3 bf16 config, each timing after 0.3 s idle as in a sweep): with do_bench's
 usual 10 ms warm-up a 40 ms timing starts at the ~1965 MHz boost clock the GPU regained while

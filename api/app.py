@@ -18,7 +18,7 @@ from api import errors, serving
 from api.gate import RequestGate, access_table
 from api.routes import configs, devices, health, jobs, kernels, measured, misses, stored
 from api.validation import HostileInputGuard
-from db.engine import init_db
+from db.engine import close_engine, init_db
 from search_spaces import get_kernel, kernel_names
 from tuner.app.dispatch import make_dispatcher
 from tuner.settings import Settings
@@ -55,6 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gc.unfreeze()
             index.close()
             app.state.dispatcher.close()
+            # this process's connections; a SQLite store's log checkpointed into its file
+            close_engine(settings.resolved_database_url)
 
     assets = docs_assets()
     # with the assets installed, /docs and /redoc are this app's own (_mount_docs)

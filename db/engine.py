@@ -231,6 +231,45 @@ def dispose(url: str) -> None:
         bind.dispose()
 
 
+def close_engine(url: str) -> None:
+    """Close the pooled connections of ``url``'s engine in this process (it is stopping);
+    the engine stays usable. A SQLite file's write-ahead log is checkpointed into the file
+    first, so that once the last process has closed it the file alone holds every committed
+    row: a copy of it (a backup, a move) is whole. An in-memory database is left open (its
+    one connection is the database)."""
+    with _FACTORIES_LOCK:
+        factory = _FACTORIES.get(url)
+    bind = factory.kw.get("bind") if factory is not None else None
+    if not isinstance(bind, Engine) or isinstance(bind.pool, StaticPool):
+        return
+    if is_sqlite(url):
+        checkpoint_sqlite(url)
+    bind.dispose()
+
+
+def checkpoint_sqlite(url: str) -> bool:
+    """Move a SQLite file's write-ahead log into the file and empty the log (``PRAGMA
+    wal_checkpoint(TRUNCATE)``, on a connection of its own, closed after). Whether it all
+    went in: False where another process is reading or writing it (it then goes in when the
+    last connection closes) or there is no such file. Not SQLite: False, nothing done."""
+    if not is_sqlite(url):
+        return False
+    database = make_url(normalise_url(url)).database
+    if database in (None, "", ":memory:") or not Path(database).is_file():
+        return False
+    try:
+        conn = sqlite3.connect(database, timeout=1.0)
+    except sqlite3.Error:
+        return False
+    try:
+        busy, _frames, _moved = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return busy == 0
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
 # -- a URL that can never work, and why a database does not answer -----------------------------
 
 def shown_url(url: str) -> str:

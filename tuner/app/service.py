@@ -247,6 +247,7 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
                                 "tuner" if parent_pid is None else "tuner worker", warmed)
     if before_main is not None:  # this process's Python start and imports, before all that
         steps["worker_python"] = before_main
+    from db.engine import close_engine
     from tuner.app.dispatch import make_dispatcher
     from tuner.app.worker import WARM_WAIT_S, Worker
 
@@ -300,6 +301,7 @@ def run_worker(settings: Settings, backend: str = "auto", device_index: int = 0,
     finally:
         dispatcher.close()
         _stop_worker_row(factory, worker.id)
+        close_engine(settings.resolved_database_url)  # a SQLite log checkpointed: file whole
     log.info("worker %s stopped", worker.id)
     return 0
 
@@ -606,7 +608,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     ``TUNER_API_WORKERS``, 0 = one per CPU core) plus worker processes: one per local GPU, or
     one interpreter worker on a machine without a GPU. Returns when the API stops
     (SIGINT/SIGTERM)."""
-    from db.engine import check_url, create_sqlite_folder
+    from db.engine import check_url, checkpoint_sqlite, close_engine, create_sqlite_folder
     from tuner.app.supervision import SERVE_PID_ENV, STATE_ENV, check_address
 
     check_address(host, port)  # a port in use: one line naming its holder, before any wait
@@ -650,6 +652,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     finally:
         pool.stop()
         state_file.unlink(missing_ok=True)
+        # every worker and API process has closed the store: its write-ahead log goes into
+        # the file, so that a copy of a stopped service's SQLite file holds everything
+        close_engine(url)
+        checkpoint_sqlite(url)
     return 0
 
 

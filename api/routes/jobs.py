@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, dispatcher_of
@@ -42,7 +45,7 @@ from tuner.errors import InvalidRequest
 from tuner.identity import DeviceKind
 from tuner.job_spec import JobSpec
 from tuner.kernel import TunableKernel
-from tuner.lifecycle import Status
+from tuner.lifecycle import TERMINAL, Status
 from tuner.settings import DatabaseBounds, Settings
 from tuner.timing import TIMING_METHODS
 
@@ -215,13 +218,40 @@ def list_jobs(session: SessionDep, settings: SettingsDep, status: JobStatus | No
                       count=total)
 
 
+#: the longest a request may wait for a job to change (``wait_s``), and how often it looks
+MAX_WAIT_S = 60.0
+WAIT_LOOK_S = 0.05
+
+
 @router.get("/{job_id}", response_model=JobPublic, dependencies=[ReadAccess],
             responses=JOB_ID_RESPONSES)
-def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobPublic:
+async def get_job(request: Request, job_id: JobId, settings: SettingsDep,
+                  wait_s: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description=(
+                      "answer once the job has changed (its status, a task's progress or "
+                      "best) or finished, or after this many seconds, whichever comes first; "
+                      "a finished job is answered at once. 0: at once. A client waiting for "
+                      "a job asks again with it instead of polling on a timer, and hears of "
+                      "the finish within ~50 ms"))) -> JobPublic:
     """A job and its tasks; ``waiting`` says why a queued job has not started (no live worker
     has its device). ``job_id``: the id or a unique prefix of it."""
-    job = repo.get_job_by_prefix(session, job_id)
-    return job_public(job, waiting_note(session, job, settings))
+    factory = request.app.state.session_factory
+    public = await run_in_threadpool(_read_job, factory, job_id, settings)
+    deadline = time.monotonic() + wait_s
+    seen = public.model_dump_json()
+    while public.status not in TERMINAL and time.monotonic() < deadline:
+        await asyncio.sleep(min(WAIT_LOOK_S, max(0.0, deadline - time.monotonic())))
+        if await request.is_disconnected():
+            break
+        public = await run_in_threadpool(_read_job, factory, job_id, settings)
+        if public.model_dump_json() != seen:
+            break
+    return public
+
+
+def _read_job(factory: Any, job_id: str, settings: Settings) -> JobPublic:
+    with factory() as session:
+        job = repo.get_job_by_prefix(session, job_id)
+        return job_public(job, waiting_note(session, job, settings))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic,

@@ -215,7 +215,8 @@ def _add_wait_options(command: argparse.ArgumentParser) -> None:
                          help="stop waiting after this long, exit 4; the job goes on "
                          "(default: a day)")
     command.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
-                         help="seconds between two looks at the job (default 1)")
+                         help="the longest one look at the job waits for it to change "
+                              "(default 1; the service answers at once when it does)")
     command.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

@@ -1,0 +1,92 @@
+"""Waiting for a job: ``GET /api/v1/jobs/{id}?wait_s=N`` answers once the job changes (or
+finishes, or after N s), so ``TunerClient.wait`` and ``tuner tune`` hear of a finish within
+~50 ms instead of up to a poll interval late. Real HTTP through the app, a real SQLite file."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api_support import JOB
+from tuner.client import TunerClient
+
+
+def _cancel_after(client: Any, url: str, delay_s: float) -> threading.Thread:
+    def cancel() -> None:
+        time.sleep(delay_s)
+        assert client.post(f"{url}/cancel").status_code == 200
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    return thread
+
+
+def test_a_wait_is_answered_when_the_job_changes_not_at_its_end(api_client):
+    url = api_client.post("/api/v1/jobs", json=JOB).json()["url"]
+    canceller = _cancel_after(api_client, url, 0.3)
+    t0 = time.monotonic()
+    job = api_client.get(url, params={"wait_s": 20}).json()
+    took = time.monotonic() - t0
+    canceller.join()
+    assert job["status"] == "cancelled"
+    assert 0.25 <= took < 5.0  # answered at the change, not after 20 s
+
+
+def test_a_wait_on_an_unchanged_job_lasts_wait_s_and_a_finished_job_is_answered_at_once(
+        api_client):
+    url = api_client.post("/api/v1/jobs", json=JOB).json()["url"]
+    t0 = time.monotonic()
+    job = api_client.get(url, params={"wait_s": 0.6}).json()
+    assert job["status"] == "queued" and time.monotonic() - t0 >= 0.55
+    assert api_client.post(f"{url}/cancel").status_code == 200
+    t0 = time.monotonic()
+    assert api_client.get(url, params={"wait_s": 20}).json()["status"] == "cancelled"
+    assert time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.parametrize("wait_s", ["-1", "61", "soon"])
+def test_a_bad_wait_is_a_422_naming_it(api_client, wait_s):
+    url = api_client.post("/api/v1/jobs", json=JOB).json()["url"]
+    answer = api_client.get(url, params={"wait_s": wait_s})
+    assert answer.status_code == 422
+    assert "wait_s" in answer.text
+
+
+def test_the_client_hears_of_the_finish_at_once_not_a_poll_later(api_client):
+    """``TunerClient.wait`` with a 10 s poll: the job is cancelled 0.3 s in; the old client
+    would have looked again only after 10 s."""
+    url = api_client.post("/api/v1/jobs", json=JOB).json()["url"]
+    client = TunerClient("http://testserver", timeout=30.0,
+                         transport=api_client._transport)  # the app's own transport
+    seen: list[str] = []
+    canceller = _cancel_after(api_client, url, 0.3)
+    t0 = time.monotonic()
+    job = client.wait(url.rsplit("/", 1)[1], timeout=60, poll=10.0,
+                      on_poll=lambda j: seen.append(j["status"]))
+    took = time.monotonic() - t0
+    canceller.join()
+    assert job["status"] == "cancelled" and took < 5.0
+    assert seen[0] == "queued" and seen[-1] == "cancelled"
+
+
+def test_the_client_paces_its_reads_where_the_service_answers_without_waiting():
+    """A service that ignores ``wait_s`` (an older one) is read every ``poll`` seconds, not in
+    a loop as fast as it answers."""
+    reads: list[float] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        reads.append(time.monotonic())
+        status = "succeeded" if len(reads) >= 4 else "running"
+        return httpx.Response(200, json={"id": "abcd1234", "status": status, "tasks": []})
+
+    client = TunerClient("http://old.service", transport=httpx.MockTransport(answer))
+    t0 = time.monotonic()
+    assert client.wait("abcd1234", timeout=30, poll=0.2)["status"] == "succeeded"
+    assert len(reads) == 4
+    # the second read follows the first at once (it asks to wait); every later one is paced
+    gaps = [b - a for a, b in zip(reads, reads[1:], strict=False)]
+    assert gaps[1] >= 0.15 and gaps[2] >= 0.15 and time.monotonic() - t0 >= 0.35

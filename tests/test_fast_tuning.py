@@ -934,3 +934,47 @@ def test_tuning_time_service_mode_tunes_each_problem_as_a_job_of_one_service(tmp
     assert "one running `tuner serve`" in text and "empty when the service started" in text
     assert f"took {start_s:.1f} s from its command to an idle worker" in text
     assert "(3 trials," in text
+
+
+class _PoolSizedSlowCompiles(_SlowCompilesReplay):
+    """As ``_SlowCompilesReplay``, with a compile pool of 15 processes (the H100 host's)."""
+
+    preferred_batch = 15
+
+
+@pytest.mark.parametrize("in_flight", [4, 8])
+def test_a_model_search_keeps_at_most_in_flight_configs_asked_and_unanswered(in_flight):
+    """``SearchOptions.in_flight`` (the worker's ``TUNER_SEARCH_IN_FLIGHT``): the loop names
+    at most that many configs to the backend at once, and fills that many while slow
+    compiles keep some in flight; the budget holds and each config is measured once."""
+    kernel = get_kernel("matmul")
+    table = load_table(REPLAY / "matmul_4096x4096x4096_bfloat16_h200.json")
+    backend = _PoolSizedSlowCompiles(table, hold=3)
+    warm = known_good_first(kernel, table.shape, table.dtype, backend.restrict(kernel.space()))
+    result = run_search(kernel, table.shape, table.dtype, backend,
+                        SearchOptions(trials=32, seed=0, warm_start=warm, retime_rounds=0,
+                                      in_flight=in_flight))
+    measured = [m.config for m in result.trials]
+    assert len(measured) == len(set(measured)) == 32
+    sizes = [len(call) for call in backend.named_calls]
+    assert max(sizes) == in_flight, sizes  # filled to the limit, never past it
+
+
+def test_the_worker_keeps_as_many_in_flight_as_its_setting_says(monkeypatch):
+    from pydantic import ValidationError
+
+    from tuner.app.worker import _search_options
+    from tuner.job_spec import JobSpec
+    from tuner.settings import Settings
+
+    spec = JobSpec(kernel="matmul", kernel_version="v1", dtype="float16",
+                   shapes=[{"M": 16, "N": 16, "K": 16}], budget_trials=8, budget_seconds=None,
+                   strategy="auto", force=False, seed=0, backend="auto", device_key=None,
+                   timing="eager-flushed")
+    assert _search_options(spec, Settings())["in_flight"] == 4  # the default
+    monkeypatch.setenv("TUNER_SEARCH_IN_FLIGHT", "8")
+    options = _search_options(spec, Settings())
+    assert options["in_flight"] == 8 and SearchOptions(**options).in_flight == 8
+    monkeypatch.setenv("TUNER_SEARCH_IN_FLIGHT", "0")
+    with pytest.raises(ValidationError, match="search_in_flight"):
+        Settings()

@@ -60,6 +60,10 @@ DEFAULT_STOP_CHANCE = 0.05
 DEFAULT_STOP_BAND = 0.02
 DEFAULT_STOP_MIN_TRIALS = 16
 DEFAULT_STOP_QUIET = 6
+#: the most configs a model-based search keeps in flight by default: on the recorded tables
+#: one, four and eight in flight ended as close to the optimum (bench/NOTES.md, tuning time's
+#: seventh pass); more than four is not measured on a GPU yet
+DEFAULT_IN_FLIGHT = 4
 #: how many of a kernel's known-good configs (and its default) a search tries first: those its
 #: prior ranks best. All of them cost 10+ trials before the model leads; on the recorded H200
 #: tables the prior's 5 best find the optimum as often in ~6 fewer trials (bench/NOTES.md)
@@ -73,9 +77,13 @@ class SearchOptions:
     strategy: str = "auto"
     time_budget_s: float | None = None
     #: configs asked ahead of measuring (lets a compile pool work on the next ones); None:
-    #: the backend's preferred batch (its compile pool size), at most 4 for model-based
-    #: strategies, which learn less from a batch asked before any of it was measured
+    #: the backend's preferred batch (its compile pool size), at most ``in_flight`` for
+    #: model-based strategies, which learn less from a batch asked before any of it was
+    #: measured
     batch_size: int | None = None
+    #: the most configs a model-based strategy has in flight (``batch_size`` unset; the
+    #: worker's ``TUNER_SEARCH_IN_FLIGHT``)
+    in_flight: int = DEFAULT_IN_FLIGHT
     #: tried first, in order (stored bests of nearby shapes, then the kernel's known-good configs)
     warm_start: Sequence[KernelConfig] = ()
     #: the user's own config list (``listed_configs``): every one is measured (unless
@@ -515,7 +523,8 @@ class SearchLoop:
         if self.options.batch_size:
             return self.options.batch_size
         preferred = preferred_batch(self.backend)
-        return preferred if self._systematic else max(1, min(4, preferred))
+        return preferred if self._systematic else max(1, min(self.options.in_flight,
+                                                             preferred))
 
     def _fastest_verified(self) -> list[Measurement]:
         """The ``finalists`` fastest verified trials, and the user's list's fastest (re-timed

@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     #: workers stop a search once its best reaches this fraction of the device's roofline for
     #: the problem (0: never)
     roofline_stop: float = Field(default=0.95, ge=0, le=1)
+    #: configs a model-guided search keeps in flight (asked, compiling or timed, not yet told
+    #: to the model); a systematic strategy keeps a compile pool's worth. More: more compiles
+    #: at once on a cold cache (a search waits on a config's own 1-2 s compile, so four in
+    #: flight measure ~2.7 configs a second), each asked knowing less
+    search_in_flight: int = Field(default=4, ge=1, le=64)
     #: a file each worker of this process touches at every presence beat it wrote to the
     #: database (every third of ``lease_seconds``): a container's health check reads its age
     #: (docker-compose.yml); empty: none

@@ -234,7 +234,8 @@ def _search_options(spec: JobSpec, settings: Settings) -> dict[str, Any]:
     (its early-stop rules)."""
     return dict(spec.search_options(), patience=settings.patience or None,
                 roofline_stop=settings.roofline_stop or None,
-                stop_chance=settings.stop_chance or None)
+                stop_chance=settings.stop_chance or None,
+                in_flight=settings.search_in_flight)
 
 
 def kernel_version_mismatch(job_id: str, spec: JobSpec, kernel: TunableKernel) -> str | None:

@@ -144,3 +144,22 @@ def test_over_uvicorn_a_waiting_request_holds_up_no_other_and_a_client_may_give_
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_a_long_poll_interval_asks_for_no_longer_than_the_service_holds_a_look():
+    """``poll`` of minutes with a long HTTP timeout: each look asks for at most the service's
+    60 s (more would be a 422)."""
+    from api.routes.jobs import MAX_WAIT_S
+    from tuner.client import MAX_WAIT_S as CLIENT_MAX_WAIT_S
+
+    assert CLIENT_MAX_WAIT_S == MAX_WAIT_S
+    asked: list[float] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(float(request.url.params.get("wait_s", 0)))
+        status = "succeeded" if len(asked) >= 2 else "running"
+        return httpx.Response(200, json={"id": "abcd1234", "status": status, "tasks": []})
+
+    client = TunerClient("http://svc", timeout=600.0, transport=httpx.MockTransport(answer))
+    assert client.wait("abcd1234", timeout=3600, poll=300.0)["status"] == "succeeded"
+    assert asked == [0.0, MAX_WAIT_S]

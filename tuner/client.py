@@ -48,6 +48,9 @@ from tuner.timing import DEFAULT_TIMING, check_timing, timing_from_env
 
 log = logging.getLogger(__name__)
 
+#: the longest the service holds a look at a job (``GET /api/v1/jobs/{id}?wait_s=``)
+MAX_WAIT_S = 60.0
+
 #: ``device=AUTO``: detect this process's device on the first lookup
 AUTO = "auto"
 #: the most items of one POST /configs/query (the service refuses more)
@@ -576,9 +579,11 @@ class TunerClient:
         last: dict[str, Any] | None = None
         while True:
             asked = time.monotonic()
-            # within the client's own HTTP timeout, with room for the answer
+            # within the client's own HTTP timeout, with room for the answer, and the
+            # service's longest wait
             wait_s = (0.0 if last is None
-                      else max(0.0, min(poll, deadline - asked, 0.8 * self.timeout)))
+                      else max(0.0, min(poll, deadline - asked, 0.8 * self.timeout,
+                                        MAX_WAIT_S)))
             job = self._request("GET", _job_path(job_id),
                                 params={"wait_s": round(wait_s, 3)} if wait_s else None)
             if on_poll is not None:

@@ -218,7 +218,8 @@ def list_jobs(session: SessionDep, settings: SettingsDep, status: JobStatus | No
                       count=total)
 
 
-#: the longest a request may wait for a job to change (``wait_s``), and how often it looks
+#: the longest a request may wait for a job to change (``wait_s``; the client's own cap is
+#: ``tuner.client.MAX_WAIT_S``), and how often it looks
 MAX_WAIT_S = 60.0
 WAIT_LOOK_S = 0.05
 

@@ -71,7 +71,8 @@ class TimingOptions:
     #: ``bench/warmup_floor_probe.py`` (``bench/results/tuning_time_33i/``) timed compute-bound
     #: configs after another config and a 5 ms or 100 ms gap, as a search meets them: 50 ms read
     #: as close to a 400 ms warm-up as 100 ms did on all four problems (within their 4-15%
-    #: spread), 10-25 ms read 5-12% fast (the boost clock); each pressed trial pays it
+    #: spread), 10 ms read 7-12% fast on the GEMMs (the boost clock); each pressed trial
+    #: pays it
     settle_warmup_ms: float = 50.0
     #: the problem is memory-bound on this device (its roofline's floor is the copy
     #: bandwidth; the worker sets it per task): its full timings skip the sustained-state

@@ -232,19 +232,19 @@ def dispose(url: str) -> None:
 
 
 def close_engine(url: str) -> None:
-    """Close the pooled connections of ``url``'s engine in this process (it is stopping);
-    the engine stays usable. A SQLite file's write-ahead log is checkpointed into the file
-    first, so that once the last process has closed it the file alone holds every committed
-    row: a copy of it (a backup, a move) is whole. An in-memory database is left open (its
-    one connection is the database)."""
+    """Close the pooled connections of ``url``'s engine in this process (it is stopping; the
+    engine stays usable), then checkpoint a SQLite file's write-ahead log into the file, so
+    that once the last process has closed it the file alone holds every committed row: a
+    copy of it (a backup, a move) is whole. An in-memory database is left open (its one
+    connection is the database)."""
     with _FACTORIES_LOCK:
         factory = _FACTORIES.get(url)
     bind = factory.kw.get("bind") if factory is not None else None
-    if not isinstance(bind, Engine) or isinstance(bind.pool, StaticPool):
-        return
-    if is_sqlite(url):
-        checkpoint_sqlite(url)
-    bind.dispose()
+    if isinstance(bind, Engine):
+        if isinstance(bind.pool, StaticPool):
+            return
+        bind.dispose()
+    checkpoint_sqlite(url)  # what the last connection's close did not (another still open)
 
 
 def checkpoint_sqlite(url: str) -> bool:

@@ -608,7 +608,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
     ``TUNER_API_WORKERS``, 0 = one per CPU core) plus worker processes: one per local GPU, or
     one interpreter worker on a machine without a GPU. Returns when the API stops
     (SIGINT/SIGTERM)."""
-    from db.engine import check_url, checkpoint_sqlite, close_engine, create_sqlite_folder
+    from db.engine import check_url, close_engine, create_sqlite_folder
     from tuner.app.supervision import SERVE_PID_ENV, STATE_ENV, check_address
 
     check_address(host, port)  # a port in use: one line naming its holder, before any wait
@@ -655,7 +655,6 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000,
         # every worker and API process has closed the store: its write-ahead log goes into
         # the file, so that a copy of a stopped service's SQLite file holds everything
         close_engine(url)
-        checkpoint_sqlite(url)
     return 0
 
 

@@ -95,12 +95,14 @@ def config_params(shape: dict[str, int], device: str | None = None,
 
 
 @contextmanager
-def running_app(settings: Settings) -> Iterator[str]:
+def running_app(settings: Settings, **config: Any) -> Iterator[str]:
     """The app served by uvicorn on a free local port, in a thread; yields its base URL (for
-    tests that need concurrent requests over real sockets)."""
+    tests that need concurrent requests over real sockets). ``config``: more of
+    ``uvicorn.Config``'s options (``http="api.connections:GuardedHTTP"``: the service's own
+    protocol, as ``tuner serve`` runs it)."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+                                           log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -106,44 +106,27 @@ def test_over_uvicorn_a_waiting_request_holds_up_no_other_and_a_client_may_give_
     """The service's own HTTP stack (uvicorn with ``api.connections.GuardedHTTP``): a request
     waiting on a queued job does not hold up other requests, a client that gives up
     mid-wait leaves the service answering, and the wait still ends at the job's change."""
-    import uvicorn
-
-    from api.app import create_app
-    from tests.support_processes import free_port
+    from tests.api_support import running_app
     from tuner.settings import Settings
 
-    port = free_port()
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", data_dir=tmp_path)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning",
-                                           http="api.connections:GuardedHTTP"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.05)
-        with httpx.Client(base_url=base, timeout=30) as client:
-            url = client.post("/api/v1/jobs", json=JOB).json()["url"]
-            with pytest.raises(httpx.ReadTimeout):  # this client gives up after 0.3 s
-                httpx.get(f"{base}{url}", params={"wait_s": 30}, timeout=0.3)
-            answers: list[dict[str, Any]] = []
-            waiter = threading.Thread(target=lambda: answers.append(
-                httpx.get(f"{base}{url}", params={"wait_s": 30}, timeout=60).json()))
-            waiter.start()
-            time.sleep(0.2)
-            t0 = time.monotonic()
-            assert client.get("/healthz").status_code == 200  # not held up by the waiter
-            assert client.get(url).json()["status"] == "queued"
-            assert time.monotonic() - t0 < 2.0
-            assert client.post(f"{url}/cancel").status_code == 200
-            waiter.join(timeout=10)
-            assert answers and answers[0]["status"] == "cancelled"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with running_app(settings, http="api.connections:GuardedHTTP") as base, \
+            httpx.Client(base_url=base, timeout=30) as client:
+        url = client.post("/api/v1/jobs", json=JOB).json()["url"]
+        with pytest.raises(httpx.ReadTimeout):  # this client gives up after 0.3 s
+            httpx.get(f"{base}{url}", params={"wait_s": 30}, timeout=0.3)
+        answers: list[dict[str, Any]] = []
+        waiter = threading.Thread(target=lambda: answers.append(
+            httpx.get(f"{base}{url}", params={"wait_s": 30}, timeout=60).json()))
+        waiter.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert client.get("/healthz").status_code == 200  # not held up by the waiter
+        assert client.get(url).json()["status"] == "queued"
+        assert time.monotonic() - t0 < 2.0
+        assert client.post(f"{url}/cancel").status_code == 200
+        waiter.join(timeout=10)
+        assert answers and answers[0]["status"] == "cancelled"
 
 
 def test_a_long_poll_interval_asks_for_no_longer_than_the_service_holds_a_look():

@@ -8,57 +8,31 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 
 from db.engine import checkpoint_sqlite, close_engine, dispose, init_db
 from tests.support_processes import free_port, interpreter_env, wait_ready
+from tests.support_sqlite import row_count, writer_with_rows_only_in_its_log
 from tuner.client import TunerClient
 
 JOB = {"kernel": "vector_add", "dtype": "float32", "shapes": [{"N": 1024}],
        "budget": {"trials": 2}}
 
 
-def _rows(path: Path, table: str) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-    finally:
-        conn.close()
-
-
-def _writer_with_rows_only_in_its_log(path: Path) -> sqlite3.Connection:
-    writer = sqlite3.connect(path)
-    writer.execute("PRAGMA journal_mode=WAL")
-    writer.execute("PRAGMA wal_autocheckpoint=0")
-    writer.execute("CREATE TABLE jobs (id INTEGER)")
-    writer.executemany("INSERT INTO jobs VALUES (?)", [(i,) for i in range(3)])
-    writer.commit()
-    return writer
-
-
 def test_a_checkpoint_moves_the_log_into_the_file_while_a_writer_stays_open(tmp_path):
     db = tmp_path / "tuner.db"
-    writer = _writer_with_rows_only_in_its_log(db)
+    writer = writer_with_rows_only_in_its_log(db, 3)
     shutil.copy(db, tmp_path / "before.db")
-    assert _rows_or_none(tmp_path / "before.db") is None  # the file alone: no table yet
+    assert row_count(tmp_path / "before.db", "jobs") is None  # the file alone: no table yet
 
     assert checkpoint_sqlite(f"sqlite:///{db}") is True
     shutil.copy(db, tmp_path / "after.db")
-    assert _rows(tmp_path / "after.db", "jobs") == 3
+    assert row_count(tmp_path / "after.db", "jobs") == 3
     assert (tmp_path / "tuner.db-wal").stat().st_size == 0  # TRUNCATE: the log emptied
     writer.close()
-
-
-def _rows_or_none(path: Path) -> int | None:
-    try:
-        return _rows(path, "jobs")
-    except sqlite3.OperationalError:  # no such table
-        return None
 
 
 def test_a_checkpoint_of_what_is_not_a_sqlite_file_does_nothing(tmp_path):
@@ -81,7 +55,7 @@ def test_closing_the_engine_leaves_the_file_whole_and_the_engine_usable(tmp_path
             session.commit()
         close_engine(url)
         shutil.copy(tmp_path / "tuner.db", tmp_path / "copy.db")
-        assert _rows(tmp_path / "copy.db", "workers") == 1
+        assert row_count(tmp_path / "copy.db", "workers") == 1
         with factory() as session:  # a new connection from the same engine
             assert [w.id for w in repo.list_workers(session)] == ["w1"]
     finally:
@@ -116,5 +90,5 @@ def test_a_stopped_serve_leaves_a_sqlite_file_that_holds_its_jobs_alone(tmp_path
     wal = tmp_path / "tuner.db-wal"
     assert not wal.exists() or wal.stat().st_size == 0
     shutil.copy(tmp_path / "tuner.db", tmp_path / "copy.db")  # the main file only
-    assert _rows(tmp_path / "copy.db", "jobs") == 1
-    assert _rows(tmp_path / "copy.db", "trials") == 2
+    assert row_count(tmp_path / "copy.db", "jobs") == 1
+    assert row_count(tmp_path / "copy.db", "trials") == 2

@@ -84,26 +84,17 @@ def test_a_saved_store_keeps_what_only_its_write_ahead_log_holds(tmp_path):
     checkpointed live only in its ``-wal`` file: the copy must hold them (the references
     time the fast jobs' stored bests from it)."""
     import shutil
-    import sqlite3
 
     from bench.tuning_time import copy_sqlite
+    from tests.support_sqlite import row_count, writer_with_rows_only_in_its_log
 
     src = tmp_path / "service.db"
-    writer = sqlite3.connect(src)
-    writer.execute("PRAGMA journal_mode=WAL")
-    writer.execute("PRAGMA wal_autocheckpoint=0")
-    writer.execute("CREATE TABLE jobs (id INTEGER)")
-    writer.executemany("INSERT INTO jobs VALUES (?)", [(i,) for i in range(5)])
-    writer.commit()  # still open: nothing checkpointed into the main file
+    writer = writer_with_rows_only_in_its_log(src, 5)  # open: nothing checkpointed
     assert (tmp_path / "service.db-wal").stat().st_size > 0
 
     shutil.copy(src, tmp_path / "plain.db")  # the main file alone
-    plain = sqlite3.connect(tmp_path / "plain.db")
-    assert plain.execute("SELECT name FROM sqlite_master").fetchall() == []
-    plain.close()
+    assert row_count(tmp_path / "plain.db", "jobs") is None
 
     copy_sqlite(src, tmp_path / "saved.db")
-    saved = sqlite3.connect(tmp_path / "saved.db")
-    assert saved.execute("SELECT count(*) FROM jobs").fetchone() == (5,)
-    saved.close()
+    assert row_count(tmp_path / "saved.db", "jobs") == 5
     writer.close()

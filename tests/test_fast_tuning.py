@@ -31,10 +31,6 @@ from tuner.strategies.model_based import ModelStrategy
 REPLAY = Path(__file__).resolve().parent / "data" / "replay"
 #: the matmul tables: the 8 the cost model was checked on and the 6 held out
 TABLES = sorted([*REPLAY.glob("matmul_*.json"), *(REPLAY / "holdout").glob("matmul_*.json")])
-#: 777x1234x4321: even the full 48 trials end 7% off its optimum (the optimum's tile shape is
-#: ranked ~110th by the prior and nothing measured points there), so "stopped before reaching the
-#: band" cannot be told from "never reaches it"; the rule may cost it only a little
-UNREACHED = "matmul_777x1234x4321_float16_h200"
 
 
 def _search(path: Path, **options: Any) -> tuple[Any, Any]:
@@ -56,19 +52,16 @@ def stopped() -> dict[str, tuple[Any, Any]]:
 
 
 def test_the_stop_rule_never_ends_a_search_outside_the_band(stopped):
+    """On every table, 777x1234x4321 included: before the model's program spread even its
+    full 48 trials ended 7% off (the optimum's tile ranked ~110th by the prior, and the search
+    spent 13 trials on one tile's launch variants), so it had to be left out of this check."""
     assert len(stopped) == 14
     for name, (table, result) in stopped.items():
         ratio = result.best.p50_ms / table.best_ms
-        if name == UNREACHED:
-            continue
         if result.stop_reason == "no expected gain":
             assert ratio <= 1 + DEFAULT_STOP_BAND, (name, len(result.trials), ratio)
         else:
             assert result.stop_reason == "budget" and len(result.trials) == 48, name
-    table, result = stopped[UNREACHED]
-    _table, full = _search(REPLAY / f"{UNREACHED}.json")
-    assert full.best.p50_ms > table.best_ms * (1 + DEFAULT_STOP_BAND)
-    assert result.best.p50_ms <= full.best.p50_ms * 1.05
 
 
 def test_the_stop_rule_ends_most_searches_early(stopped):

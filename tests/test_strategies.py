@@ -26,7 +26,7 @@ from tuner.strategies import (
     resolve_strategy,
     strategy_names,
 )
-from tuner.strategies.model_based import estimates, ranked_feasible
+from tuner.strategies.model_based import ModelStrategy, estimates, ranked_feasible
 
 DATA = Path(__file__).resolve().parent / "data/replay"
 TABLE = DATA / "matmul_1000x3000x500_float16_h200.json"
@@ -100,9 +100,10 @@ def test_different_seeds_explore_differently(table):
 
 def test_default_strategy_gets_close_cold_on_every_table():
     """Issue 5's targets on the recorded H200 tables, cold (no warm start): median ratio
-    best-found / optimum <= 1.05 at 16 trials and <= 1.02 at 48. Measured with `model` over 5
-    seeds (bench/results/search_quality.md): median 1.000 at both, worst 1.121 at 16 and 1.106
-    at 48 (1000x3000x500 and 777x1234x4321)."""
+    best-found / optimum <= 1.05 at 16 trials and <= 1.02 at 48. Measured with `model` over
+    these 2 seeds: median 1.000 at both; worst 1.265 at 16 (1000x3000x500: the program spread
+    tries more tiles early; 1.121 without it) and 1.000 at 48 (1.106 without it, 777x1234x4321;
+    bench/results/search_variants_study.md)."""
     at16, at48 = [], []
     for path in sorted(DATA.glob("*.json")):
         t = load_table(path)
@@ -112,7 +113,33 @@ def test_default_strategy_gets_close_cold_on_every_table():
             at16.append(best[0])
             at48.append(best[1])
     assert statistics.median(at16) <= 1.05 and statistics.median(at48) <= 1.02
-    assert max(at16) <= 1.25 and max(at48) <= 1.15
+    assert max(at16) <= 1.30 and max(at48) <= 1.02
+
+
+def test_program_spread_tries_other_programs_before_more_launch_variants():
+    """Four launch variants of one tile measured at 1.0 ms and one of every other tile at
+    1.05 ms: without the spread the model's next picks stay within the fast tile; with it
+    (``ModelStrategy.program_spread``) the other tiles get a second look first."""
+    space = SearchSpace((Param("BLOCK_M", (32, 64, 128, 256)),
+                         Param("num_warps", (1, 2, 4, 8, 16, 32)),
+                         Param("num_stages", (1, 2, 3, 4, 5, 6))))
+    ctx = ProblemContext({"M": 1024}, "float16")
+
+    def picks(spread: float) -> list[int]:
+        strategy = ModelStrategy(space, ctx, seed=0, budget=64)
+        strategy.program_spread = spread
+        strategy._queue = []
+        for warps in (4, 8):
+            for stages in (3, 4):
+                config = KernelConfig({"BLOCK_M": 128, "num_warps": warps, "num_stages": stages})
+                strategy.tell(config, Measurement(config, Outcome.OK, p50_ms=1.0))
+        for block in (32, 64, 256):
+            config = KernelConfig({"BLOCK_M": block, "num_warps": 4, "num_stages": 3})
+            strategy.tell(config, Measurement(config, Outcome.OK, p50_ms=1.05))
+        return [strategy.ask()["BLOCK_M"] for _ in range(3)]
+
+    assert picks(0.0) == [128, 128, 128]
+    assert 128 not in picks(ModelStrategy.program_spread)
 
 
 def test_default_strategy_with_warm_start_gets_close_on_an_odd_shape(table):

@@ -25,7 +25,8 @@ used; and, without the stop rule, cold 48-trial searches of the matmul tables (5
 fixed budget of ``tests/test_strategies.py``'s quality check): the runs within the band after
 16, 32 and 48 trials.
 
-    python3 -m bench.search_variants_study --seeds 10 --band 0.01 --out bench/results/search_variants_study.md
+    python3 -m bench.search_variants_study --seeds 10 --band 0.01 \\
+        --out bench/results/search_variants_study.md
 """
 
 from __future__ import annotations

@@ -974,3 +974,25 @@ def test_the_worker_keeps_as_many_in_flight_as_its_setting_says(monkeypatch):
     monkeypatch.setenv("TUNER_SEARCH_IN_FLIGHT", "0")
     with pytest.raises(ValidationError, match="search_in_flight"):
         Settings()
+
+
+def test_the_stop_rule_logs_why_it_waits_and_why_it_stops(caplog):
+    """At debug level (``TUNER_DEBUG_LOGGERS=tuner.search``) each check of the "no expected
+    gain" rule says how many trials were quiet and the chance it weighed, so a search that ran
+    to its cap on a GPU can be told apart: never quiet long enough, or a chance kept high."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="tuner.search")
+    # twelve quiet trials asked for: its best comes at trial 6, so the rule waits at 16 and 17
+    _table, result = _search(REPLAY / "matmul_2048x2048x2048_bfloat16_h200.json",
+                             stop_chance=DEFAULT_STOP_CHANCE, stop_quiet=12)
+    assert result.stop_reason == "no expected gain"
+    lines = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith("stop rule:")]
+    waits = [line for line in lines if "quiet since the best" in line]
+    assert waits[0] == "stop rule: 16 trials, 10 of 12 quiet since the best"
+    assert lines[-1].startswith(f"stop rule: {len(result.trials)} trials, ")
+    chance = float(lines[-1].split("improvement chance ")[1].split()[0])
+    assert chance < DEFAULT_STOP_CHANCE
+    assert all(float(line.split("improvement chance ")[1].split()[0]) >= DEFAULT_STOP_CHANCE
+               for line in lines[:-1] if "improvement chance" in line)

@@ -392,9 +392,15 @@ class SearchLoop:
         o = self.options
         if not o.stop_chance or len(self.trials) < o.stop_min_trials:
             return False
-        if len(self.trials) - self._best_at < o.stop_quiet:
+        quiet = len(self.trials) - self._best_at
+        if quiet < o.stop_quiet:
+            log.debug("stop rule: %d trials, %d of %d quiet since the best", len(self.trials),
+                      quiet, o.stop_quiet)
             return False
         chance = self.improvement_chance()
+        log.debug("stop rule: %d trials, %d quiet, improvement chance %s (stops under %g)",
+                  len(self.trials), quiet, "-" if chance is None else f"{chance:.3f}",
+                  o.stop_chance)
         return chance is not None and chance < o.stop_chance
 
     def _reaches_roofline(self, ms: float | None) -> bool:

@@ -6,9 +6,11 @@ correction learned from the measurements so far: a kernel-weighted average of th
 (measured - estimated) of the measured configs, by distance in the ordinal encoding (so a
 measurement corrects the prior around it, like a Gaussian process whose prior mean is the
 prior). Each ask takes the untried config with the lowest predicted time minus a small bonus for
-configs far from anything measured. The first asks are the prior's best configs of distinct
-tile shapes (the ``BLOCK_*`` parameters, Triton's naming of block sizes), so that one wrong
-guess of the prior costs one trial, not a run of near-duplicates. Failures are residuals too
+configs far from anything measured, plus a small charge for each config already measured of its
+program (the same parameters but the launch options: ``program_spread``). The first asks are
+the prior's best configs of distinct tile shapes (the ``BLOCK_*`` parameters, Triton's naming
+of block sizes), so that one wrong guess of the prior costs one trial, not a run of
+near-duplicates. Failures are residuals too
 (Strategy.objective penalises them), so the neighbourhood of a failure is avoided. Without a
 prior (None, or None for every config) every estimate is 0: the order is a seeded shuffle and
 the strategy is the learned correction alone.

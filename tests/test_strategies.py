@@ -100,10 +100,10 @@ def test_different_seeds_explore_differently(table):
 
 def test_default_strategy_gets_close_cold_on_every_table():
     """Issue 5's targets on the recorded H200 tables, cold (no warm start): median ratio
-    best-found / optimum <= 1.05 at 16 trials and <= 1.02 at 48. Measured with `model` over
-    these 2 seeds: median 1.000 at both; worst 1.265 at 16 (1000x3000x500: the program spread
-    tries more tiles early; 1.121 without it) and 1.000 at 48 (1.106 without it, 777x1234x4321;
-    bench/results/search_variants_study.md)."""
+    best-found / optimum <= 1.05 at 16 trials and <= 1.02 at 48. Measured with `model` over 5
+    seeds (bench/results/search_quality_program_spread.md): median 1.009 at 16 and 1.000 at 48,
+    worst 1.265 at 16 (1000x3000x500: the program spread tries more tiles early) and 1.002 at
+    48; before the spread (search_quality.md) 1.121 and 1.106 (777x1234x4321)."""
     at16, at48 = [], []
     for path in sorted(DATA.glob("*.json")):
         t = load_table(path)

@@ -1,0 +1,49 @@
+"""The two search studies of ``bench/`` whose tables are committed: the model strategy's
+variants (``search_variants_study``) and the roofline stop (``roofline_stop_study``), each on
+one recorded table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.strategies.model_based import ModelStrategy
+
+REPLAY = Path(__file__).resolve().parent / "data" / "replay"
+
+
+def test_a_variant_setting_sets_the_strategy_and_none_turns_the_spread_off(monkeypatch):
+    from bench import search_variants_study as study
+
+    # recorded so that the settings below are undone after the test
+    monkeypatch.setattr(ModelStrategy, "program_spread", ModelStrategy.program_spread)
+    monkeypatch.setattr(ModelStrategy, "program_free", ModelStrategy.program_free)
+    study.patch("program:0.2:1")
+    assert (ModelStrategy.program_spread, ModelStrategy.program_free) == (0.2, 1)
+    study.patch("none")
+    assert ModelStrategy.program_spread == 0.0
+    with pytest.raises(SystemExit, match="unknown setting"):
+        study.patch("tiles:3")
+
+
+def test_the_fixed_budget_run_reports_the_best_after_each_count():
+    from bench import search_variants_study as study
+
+    ratios = study.fixed_run(str(REPLAY / "matmul_2048x2048x2048_bfloat16_h200.json"), 0)
+    assert len(ratios) == len(study.FIXED_AT)
+    assert all(r >= 1.0 for r in ratios) and ratios == sorted(ratios, reverse=True)
+
+
+def test_the_roofline_stop_study_stops_near_the_floor_only_when_asked():
+    """4096x2048x8192 fp16's optimum beats the study's compute floor (cuBLAS's peak): with the
+    stop at 0.95 a run may end "near roofline" once the model stop's minimum of trials is
+    measured; with it off (0) never."""
+    from bench import roofline_stop_study as study
+
+    path = str(REPLAY / "holdout" / "matmul_4096x2048x8192_float16_h200.json")
+    off = study.run(path, 0, 0.0)
+    on = study.run(path, 0, 0.95)
+    assert off[2] != "near roofline" and off[1] >= 1.0
+    assert on[3] is not None and on[3] > 1.0  # floor / optimum: the optimum beats the floor
+    assert on[2] == "near roofline" and on[0] >= 16

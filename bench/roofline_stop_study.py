@@ -1,6 +1,10 @@
 """The worker's roofline stop (``TUNER_ROOFLINE_STOP``) against a 1% quality band, on the
 recorded development tables, before any GPU run.
 
+(The eighteenth session added the first two tables of a memory-bound kernel near its floor,
+add_layernorm 16384x8192 fp16 and vector_add 2^25 fp16, recorded for this study:
+``results/tuning_time_33k/``.)
+
 The service's add_layernorm 32768x4096 stopped "near roofline" after 4 trials 1.2% off a
 96-trial search in every H200 run (issue 33; ``results/tuning_time_33j/``): the rule stops
 once the best reaches ``roofline_stop`` of the floor, so it may keep a config up to
@@ -9,8 +13,8 @@ once the best reaches ``roofline_stop`` of the floor, so it may keep a config up
 expected gain" rule, four in flight, a 48-trial cap) with the worker's roofline stop added:
 the floor from ``tuner.roofline`` with the H200's measured peaks (copy 4.24 TB/s, 16-bit
 matmul 675 TFLOP/s: ``bench/NOTES.md``, the targets runs), the model stop's minimum of trials
-before a compute floor may stop it, a confirming re-timing. Tables: the matmul and softmax
-tables under ``tests/data/replay`` (the memory-bound kernels with a registered kernel there).
+before a compute floor may stop it, a confirming re-timing. Tables: the matmul, softmax,
+add_layernorm and vector_add tables under ``tests/data/replay`` (the built-in kernels there).
 
     python3 -m bench.roofline_stop_study --seeds 10 --out bench/results/roofline_stop_study.md
 """
@@ -25,7 +29,9 @@ import time
 from pathlib import Path
 
 TABLES = ("tests/data/replay/holdout/*.json", "tests/data/replay/*.json",
-          "tests/data/replay/nongemm/softmax_*.json")
+          "tests/data/replay/nongemm/softmax_*.json",
+          "tests/data/replay/nongemm/add_layernorm_*.json",
+          "tests/data/replay/nongemm/vector_add_*.json")
 #: the H200's measured ceilings (bench/NOTES.md: the targets runs' peaks)
 COPY_GBPS = 4240.0
 MATMUL_TFLOPS = 675.0

@@ -33,18 +33,23 @@ Round-toward-zero stores (the Triton interpreter's fp32 -> bf16) carry a bias of
 of every element, which long rows expose: the interpreter does not compute bf16 right.
 
 Sums are taken in float64 (no summation error of their own). Everything is whole-tensor torch
-ops: it runs on the GPU in the measuring child for every config. Errors name the row and say
+ops: it runs on the GPU in the measuring child for every config; a large output on the GPU
+is first checked by two fused passes (``tuner/verification_fused.py``), whose "passes with
+room" is taken, and whose anything else is decided here. Errors name the row and say
 how far off it is in ulps of the dtype at the row's scale.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from tuner import dtypes
 from tuner.kernel import OutputCheck, Tolerance
+
+log = logging.getLogger(__name__)
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
@@ -74,6 +79,43 @@ def _groups(t: torch.Tensor, rowwise: bool) -> torch.Tensor:
     return t.reshape(1, -1)
 
 
+def _fused_applies(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether the fused pass checks this pair first (``verification_fused.applies``: a large
+    output on the GPU; Triton is imported only then)."""
+    if not got.is_cuda:
+        return False
+    from tuner import verification_fused as fused
+
+    return fused.applies(got, ref)
+
+
+def _fused_pass(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, dtype: str,
+                check: OutputCheck) -> float | None:
+    """``verification_fused.clearly_passes``, or None where it fails to run (the torch ops
+    decide then; the log says why, once)."""
+    from tuner import verification_fused as fused
+
+    try:
+        return fused.clearly_passes(
+            got, ref, _group_count(got, check.rowwise), tol.atol, tol.rtol,
+            rounding_floor(dtype), float(torch.finfo(torch_dtype(dtype)).smallest_normal),
+            check.row_sum)
+    except Exception:  # noqa: BLE001 - never a config's failure: the exact path decides
+        if not _FUSED_FAILED:
+            _FUSED_FAILED.append(True)
+            log.exception("the fused output check failed; the torch ops check instead")
+        return None
+
+
+#: set once the fused pass failed in this process (logged once)
+_FUSED_FAILED: list[bool] = []
+
+
+def _group_count(t: torch.Tensor, rowwise: bool) -> int:
+    """How many groups ``_groups`` makes of ``t``."""
+    return t.numel() // t.shape[-1] if rowwise and t.dim() > 1 else 1
+
+
 def compare(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, dtype: str,
             check: OutputCheck | None = None, label: str = "") -> str | float:
     """Why ``got`` is not ``ref`` (see the module docstring), else the largest absolute error.
@@ -83,6 +125,10 @@ def compare(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, dtype: str,
         return f"{label}output shape {tuple(got.shape)} but the reference is {tuple(ref.shape)}"
     if got.numel() == 0:
         return 0.0
+    if _fused_applies(got, ref):  # a large output: the fused pass first
+        worst = _fused_pass(got, ref, tol, dtype, check)
+        if worst is not None:
+            return worst
     got, ref = got.float(), ref.float()
     finite = torch.isfinite(ref)
     bad_finite = ~torch.isfinite(got) & finite

@@ -203,7 +203,7 @@ def _verify(state: ChildState, config: KernelConfig, inputs: dict[str, Any]) -> 
     worst = 0.0
     for name, ref in zip(names, refs, strict=True):
         label = "" if len(names) == 1 else f"output {name}: "
-        wrong = _compare(state, output_tensor(inputs[name]).float(), ref.float(), label)
+        wrong = _compare(state, output_tensor(inputs[name]), ref, label)
         if isinstance(wrong, str):
             return wrong
         worst = max(worst, wrong)
@@ -802,6 +802,11 @@ def _serve(conn: Any, state: ChildState) -> None:
             return
         op = msg[0]
         try:
+            if op not in ("setup", "exit") and state.kind == "cuda":
+                # nothing is timed while the output check compiles (``_warm_output_check``)
+                from tuner.verification_fused import wait_warm
+
+                wait_warm()
             if op == "setup":
                 _setup(state, *msg[1:])
                 conn.send(("ok",))
@@ -832,6 +837,17 @@ def _setup(state: ChildState, kernel_ref: str, shape: dict[str, int], dtype: str
     state.quiet = False  # and its first full timing warms up, whatever the last task drew
     if state.kind == "cuda":
         _check_inputs_fit(state)
+        _warm_output_check(state.dtype)
+
+
+def _warm_output_check(dtype: str) -> None:
+    """Start compiling the fused output check for this task's outputs (``dtype`` against an
+    fp32 reference, as the built-in kernels' references are): ``verification_fused``."""
+    from tuner import dtypes
+    from tuner.verification_fused import warm_async
+
+    if dtype in dtypes.ELEMENT_BYTES:
+        warm_async(dtypes.torch_dtype(dtype))
 
 
 #: the share of the GPU's memory one task may allocate (``TUNER_GPU_MEMORY_FRACTION``)

@@ -31,6 +31,9 @@ from tuner.roofline import floor_ms, roofline
 from tuner.search import DEFAULT_STOP_MIN_TRIALS
 
 TABLE = Path(__file__).resolve().parent / "data/replay/matmul_4096x4096x4096_float16_h200.json"
+#: a memory-bound kernel's table (its floor is the copy bandwidth's)
+VECTOR_ADD = (Path(__file__).resolve().parent
+              / "data/replay/nongemm/vector_add_33554432_float16_h200.json")
 BIG = {"M": 4096, "N": 4096, "K": 4096}
 SKINNY = {"M": 16, "N": 4096, "K": 4096}
 GPU_STATE = {"sm_mhz": 1755, "mem_mhz": 2619, "power_w": 512.3, "temp_c": 61, "throttle": 4}
@@ -42,9 +45,10 @@ def table() -> Any:
     return with_added_params(load_table(TABLE), get_kernel("matmul").space())
 
 
-def _job(session: Any, shape: dict[str, int] = BIG, trials: int = 8) -> int:
-    job = repo.create_job(session, kernel="matmul", kernel_version=get_kernel("matmul").version,
-                          dtype="float16", shapes=[shape], budget_trials=trials,
+def _job(session: Any, shape: dict[str, int] = BIG, trials: int = 8, kernel: str = "matmul",
+         dtype: str = "float16") -> int:
+    job = repo.create_job(session, kernel=kernel, kernel_version=get_kernel(kernel).version,
+                          dtype=dtype, shapes=[shape], budget_trials=trials,
                           budget_seconds=None, strategy="auto", force=True, seed=0,
                           backend="replay", device_key=None)
     task_id = job.tasks[0].id
@@ -165,7 +169,7 @@ def test_the_decision_compares_retimings_taken_side_by_side_never_the_stored_tim
 
 def _replay_run(factory: Any, table: Any, trials: int) -> tuple[int, Any]:
     with factory() as s:
-        task_id = _job(s, table.shape, trials)
+        task_id = _job(s, table.shape, trials, table.kernel, table.dtype)
     outcome = execute_task(factory, task_id, backend_kind="replay", replay_table=table,
                            worker_id="cli")
     assert outcome.status == "succeeded", outcome.error
@@ -262,31 +266,45 @@ def test_the_floor_is_the_larger_limit_and_the_16_bit_peak_only_for_16_bit_dtype
     assert floor_ms(kernel, BIG, "float32", None, 712.0) is None
 
 
-def test_the_worker_stops_at_the_floor_from_the_one_roofline(any_db_url: str, table: Any,
-                                                            monkeypatch: pytest.MonkeyPatch):
-    """The device has only a matmul peak, set so that the floor is 97% of the table's best:
-    the worker stops near the roofline (its old floor needed a copy bandwidth: none, and it
-    searched its whole budget). The model's own stop is off here, so that only the roofline
-    can end the search before its budget."""
+def test_the_worker_stops_at_a_copy_floor_and_never_at_a_compute_one(
+        any_db_url: str, table: Any, monkeypatch: pytest.MonkeyPatch):
+    """The roofline stop: where the floor is the copy bandwidth's (a memory-bound vector add,
+    the device's bandwidth set so that the floor is 97% of the table's best) the worker stops
+    near it; where it is the matmul peak's (set the same way for a GEMM) it searches on: a
+    tuned kernel can pass the vendor GEMM's measured speed. The model's own stop is off here,
+    so that only the roofline can end a search before its budget."""
     monkeypatch.setenv("TUNER_STOP_CHANCE", "0")
     factory = init_db(any_db_url)
-    fp = ReplayBackend(table).fingerprint
+    adds = load_table(VECTOR_ADD)
+    vector_add = get_kernel("vector_add")
+    copy = vector_add.bytes(adds.shape, adds.dtype) / (0.97 * adds.best_ms * 1e-3) / 1e9
+    assert floor_ms(vector_add, adds.shape, adds.dtype, copy, None) == pytest.approx(
+        0.97 * adds.best_ms)
+    fp = ReplayBackend(adds).fingerprint
+    with factory() as s:
+        repo.upsert_device(s, fp.to_dict())
+        repo.set_calibration(s, fp.key, copy, None)
+        s.commit()
+    task_id, outcome = _replay_run(factory, adds, trials=60)
+    assert outcome.result.stop_reason == "near roofline"
+    assert len(outcome.result.trials) < 60
+    with factory() as s:  # the task keeps why it stopped (the job page says so)
+        assert repo.get_task(s, task_id).stop_reason == "near roofline"
+
     kernel = get_kernel("matmul")
     peak = kernel.flops(table.shape) / (0.97 * table.best_ms * 1e-3) / 1e12
     assert floor_ms(kernel, table.shape, table.dtype, None, peak) == pytest.approx(
         0.97 * table.best_ms)
+    fp = ReplayBackend(table).fingerprint
     with factory() as s:
         repo.upsert_device(s, fp.to_dict())
         repo.set_calibration(s, fp.key, None, peak)
         s.commit()
-    task_id, outcome = _replay_run(factory, table, trials=200)
-    assert outcome.result.stop_reason == "near roofline"
-    assert len(outcome.result.trials) < 200
-    with factory() as s:  # the task keeps why it stopped (the job page says so)
-        assert repo.get_task(s, task_id).stop_reason == "near roofline"
-    # a compute ceiling (a vendor GEMM's measured speed) can be passed: the worker measures
-    # the model stop's minimum of trials before it stops there
-    assert len(outcome.result.trials) >= DEFAULT_STOP_MIN_TRIALS
+    _, outcome = _replay_run(factory, table, trials=DEFAULT_STOP_MIN_TRIALS + 8)
+    assert outcome.result.stop_reason == "budget"
+    assert len(outcome.result.trials) == DEFAULT_STOP_MIN_TRIALS + 8
+    best = min(m.p50_ms for m in outcome.result.trials if m.ok and m.p50_ms)
+    assert best <= 0.97 * table.best_ms / 0.95  # it had reached the compute floor's 95%
 
 
 # -- 5. calibration with spread ----------------------------------------------------------------

@@ -47,3 +47,5 @@ def test_the_roofline_stop_study_stops_near_the_floor_only_when_asked():
     assert off[2] != "near roofline" and off[1] >= 1.0
     assert on[3] is not None and on[3] > 1.0  # floor / optimum: the optimum beats the floor
     assert on[2] == "near roofline" and on[0] >= 16
+    # the worker's rule: a compute floor never stops a search
+    assert study.run(path, 0, 0.95, memory_only=True)[2] != "near roofline"

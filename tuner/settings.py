@@ -115,7 +115,9 @@ class Settings(BaseSettings):
     #: without a model never stop this way); 0: never, the trial budget decides
     stop_chance: float = Field(default=0.05, ge=0, lt=1)
     #: workers stop a search once its best reaches this fraction of the device's roofline for
-    #: the problem (0: never)
+    #: the problem, where that floor is the copy bandwidth's (a memory-bound problem; a
+    #: compute-bound one's floor is the vendor GEMM's speed, which a tuned kernel can pass)
+    #: (0: never)
     roofline_stop: float = Field(default=0.95, ge=0, le=1)
     #: configs a model-guided search keeps in flight (asked, compiling or timed, not yet told
     #: to the model); a systematic strategy keeps a compile pool's worth. More: more compiles

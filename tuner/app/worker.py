@@ -47,7 +47,6 @@ from tuner.measurement import Measurement
 from tuner.phases import PhaseClock
 from tuner.roofline import roofline
 from tuner.search import (
-    DEFAULT_STOP_MIN_TRIALS,
     SearchOptions,
     SearchResult,
     known_good_first,
@@ -338,16 +337,17 @@ def _run_with_backend(run: _Run, job_id: str, kernel: TunableKernel,
     use_bound(backend, roof is not None and roof.bound == "memory")
     stop = _StopCheck(run, job_id, heartbeat)
     incumbent = stored.config if stored is not None and space.contains(stored.config) else None
-    # a compute-bound problem's ceiling is the vendor GEMM's measured speed, which a tuned
-    # kernel can pass (8192^3 bf16 on the H200: a stream_k config 3% faster than the config
-    # at 97% of it where the search had stopped after 4 trials): there the roofline stop
-    # waits for the model stop's minimum of trials; the copy bandwidth is a real ceiling
+    # the roofline stop only where the floor is the copy bandwidth's, a real ceiling. A
+    # compute-bound problem's is the vendor GEMM's measured speed, which a tuned kernel can
+    # pass (the H200's 8192^3 bf16 runs 1.44 ms, its floor at cuBLAS's 675 TFLOP/s 1.63):
+    # there it stopped searches after the model stop's minimum of trials, 1.6-3.0% off a
+    # 96-trial search in 4 of the 7 such stops measured (8192^3 and a gelu epilogue's 4096^3,
+    # bench/results/tuning_time_33j, 33k), and it saves 0.2 trials a search on the recorded
+    # tables (bench/results/roofline_stop_study.md)
     listed_configs = listed_configs_hook(kernel)  # optional: a user's list
     listed = list(listed_configs(shape, dtype)) if listed_configs is not None else []
     options = SearchOptions(**options_base, warm_start=warm, resume=resume, listed=listed,
-                            floor_ms=roof.floor_ms if roof else None,
-                            roofline_min_trials=(DEFAULT_STOP_MIN_TRIALS
-                                                 if roof and roof.bound == "compute" else 0),
+                            floor_ms=roof.floor_ms if roof and roof.bound == "memory" else None,
                             incumbent=incumbent, default=kernel.default_config(shape, dtype))
     # the backend stops a measurement in flight when the task must stop (a cancel: within
     # about CANCEL_POLL_S, not after a long compile or the finalists' re-timing)

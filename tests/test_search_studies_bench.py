@@ -1,6 +1,6 @@
-"""The two search studies of ``bench/`` whose tables are committed: the model strategy's
-variants (``search_variants_study``) and the roofline stop (``roofline_stop_study``), each on
-one recorded table."""
+"""The search studies of ``bench/`` whose tables are committed: the model strategy's variants
+(``search_variants_study``), the roofline stop (``roofline_stop_study``) and the search under
+measurement noise (``noisy_replay_study``), each on one recorded table."""
 
 from __future__ import annotations
 
@@ -49,3 +49,22 @@ def test_the_roofline_stop_study_stops_near_the_floor_only_when_asked():
     assert on[2] == "near roofline" and on[0] >= 16
     # the worker's rule: a compute floor never stops a search
     assert study.run(path, 0, 0.95, memory_only=True)[2] != "near roofline"
+
+
+def test_the_noisy_replay_draws_noise_a_re_timing_averages_and_the_run_judges_by_the_table():
+    from bench import noisy_replay_study as study
+    from tuner.backends.replay import load_table
+
+    table = load_table(REPLAY / "matmul_2048x2048x2048_bfloat16_h200.json")
+    config = next(c for c, v in table.results.items() if isinstance(v, float))
+    noisy = study.noisy_backend(table, 0.05, 0)
+    trials = [noisy.measure([config])[0].p50_ms / table.results[config] for _ in range(200)]
+    retimed = [noisy.retime([config], 9)[0].p50_ms / table.results[config] for _ in range(200)]
+    spread = max(trials) / min(trials)
+    assert spread > 1.2  # 5% noise: +-3 sigma
+    assert max(retimed) / min(retimed) < spread  # the median of 9 draws varies less
+    quiet = study.noisy_backend(table, 0.0, 0)
+    assert quiet.measure([config])[0].p50_ms == table.results[config]
+    used, kept, measured = study.run(str(REPLAY / "matmul_2048x2048x2048_bfloat16_h200.json"),
+                                     0, study.Setting(0.0))
+    assert 1.0 <= measured <= kept and used <= 48

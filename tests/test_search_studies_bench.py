@@ -68,3 +68,40 @@ def test_the_noisy_replay_draws_noise_a_re_timing_averages_and_the_run_judges_by
     used, kept, measured = study.run(str(REPLAY / "matmul_2048x2048x2048_bfloat16_h200.json"),
                                      0, study.Setting(0.0))
     assert 1.0 <= measured <= kept and used <= 48
+
+
+def test_finalist_noise_reads_each_re_timed_trial_of_a_real_store(tmp_path):
+    """``bench/finalist_noise.py`` on a store made by the repository: trials with a re-timed
+    time are read (log trial / re-timed), the others not."""
+    from bench import finalist_noise
+    from db import repo
+    from db.engine import init_db
+    from search_spaces import get_kernel
+    from tuner.config import KernelConfig
+
+    path = tmp_path / "store.db"
+    factory = init_db(f"sqlite:///{path}")
+    shape = {"M": 64, "N": 64, "K": 64}
+    with factory() as s:
+        job = repo.create_job(s, kernel="matmul", kernel_version=get_kernel("matmul").version,
+                              dtype="float16", shapes=[shape], budget_trials=3,
+                              budget_seconds=None, strategy="auto", force=True, seed=0,
+                              backend="replay", device_key=None)
+        task_id = job.tasks[0].id
+        repo.start_task_locally(s, task_id, worker_id="cli")
+        configs = [KernelConfig({"BLOCK_M": 16 * (i + 1)}) for i in range(3)]
+        for i, (config, ms) in enumerate(zip(configs, (0.10, 0.11, 0.12), strict=True)):
+            repo.record_trial(s, task_id, i + 1, {"config": dict(config), "outcome": "ok",
+                                                  "p20_ms": ms, "p50_ms": ms, "p80_ms": ms},
+                              worker_id="cli")
+        repo.record_retimed(s, task_id, [{"config": dict(configs[0]), "outcome": "ok",
+                                          "p50_ms": 0.098},
+                                         {"config": dict(configs[1]), "outcome": "ok",
+                                          "p50_ms": 0.11}])
+        s.commit()
+    found = finalist_noise.rows(str(path))
+    assert [(p, t, r) for p, _, t, r in found] == [("matmul M=64,N=64,K=64", 0.10, 0.098),
+                                                    ("matmul M=64,N=64,K=64", 0.11, 0.11)]
+    out = tmp_path / "noise.md"
+    assert finalist_noise.main([str(path), "--out", str(out)]) == 0
+    assert "| all | 2 | +1.01 |" in out.read_text()

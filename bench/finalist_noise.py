@@ -11,16 +11,26 @@ deviation of log(trial / re-timed), the largest |difference|. Reads the SQLite s
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
+import shutil
 import sqlite3
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 
 def rows(db: str) -> list[tuple[str, str, float, float]]:
-    """(kernel and shape, config, trial p50, re-timed p50) of every re-timed trial."""
+    """(kernel and shape, config, trial p50, re-timed p50) of every re-timed trial. ``db``:
+    a SQLite file, or one gzipped (``.gz``: unpacked to a temporary file first)."""
+    if db.endswith(".gz"):
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = Path(tmp) / "store.db"
+            with gzip.open(db, "rb") as src, open(plain, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            return rows(str(plain))
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         found = con.execute(
@@ -39,7 +49,8 @@ def rows(db: str) -> list[tuple[str, str, float, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("store", help="a tuner SQLite store (e.g. bench.tuning_time --save's)")
+    ap.add_argument("store", help="a tuner SQLite store (e.g. bench.tuning_time --save's), "
+                    "or one gzipped")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     found = rows(args.store)

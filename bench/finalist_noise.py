@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.report import write_report
+
 
 def rows(db: str) -> list[tuple[str, str, float, float]]:
     """(kernel and shape, config, trial p50, re-timed p50) of every re-timed trial. ``db``:
@@ -73,11 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{100 * max(ds, key=abs):+.2f} |")
     lines.append(f"| all | {len(every)} | {100 * statistics.mean(every):+.2f} | "
                  f"{100 * statistics.pstdev(every):.2f} | {100 * max(every, key=abs):+.2f} |")
-    text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_report
+
 TABLES = ("tests/data/replay/*.json", "tests/data/replay/holdout/*.json",
           "tests/data/replay/nongemm/softmax_*.json",
           "tests/data/replay/nongemm/add_layernorm_*.json",
@@ -148,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{statistics.mean(r[1] for r in rows):.1f} | {len(off)} |")
         print(lines[-1], flush=True)
     lines += ["", f"({time.monotonic() - t0:.0f} s)"]
-    text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.report import write_report
+
 TABLES = ("tests/data/replay/holdout/*.json", "tests/data/replay/*.json",
           "tests/data/replay/nongemm/softmax_*.json",
           "tests/data/replay/nongemm/add_layernorm_*.json",
@@ -115,11 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {name} | {'-' if v is None else f'{1 / v:.3f}'} |"
               for name, v in sorted(reach.items())]
     lines += ["", f"({time.monotonic() - t0:.0f} s)"]
-    text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_report(lines, args.out)
 
 
 if __name__ == "__main__":

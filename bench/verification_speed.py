@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+from bench.report import write_report
 
 #: (name, shape, output dtype, tolerance (atol, rtol), row-wise with row sums)
 OUTPUTS = (
@@ -126,11 +127,7 @@ def main(argv: list[str] | None = None) -> int:
               f"Triton cache: {float(cold[0]):.2f} s; the same cache again (a new process): "
               f"{float(cold[1]):.2f} s.",
               "", f"GPU state after: {gpu_state()}"]
-    text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_report(lines, args.out)
 
 
 if __name__ == "__main__":

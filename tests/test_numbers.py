@@ -266,6 +266,19 @@ def test_the_floor_is_the_larger_limit_and_the_16_bit_peak_only_for_16_bit_dtype
     assert floor_ms(kernel, BIG, "float32", None, 712.0) is None
 
 
+def _calibrated_at(factory: Any, table: Any, copy: float | None, peak: float | None) -> None:
+    """The table's device with this calibration, whose floor for the table's problem is 97%
+    of its best (checked)."""
+    kernel = get_kernel(table.kernel)
+    assert floor_ms(kernel, table.shape, table.dtype, copy, peak) == pytest.approx(
+        0.97 * table.best_ms)
+    fp = ReplayBackend(table).fingerprint
+    with factory() as s:
+        repo.upsert_device(s, fp.to_dict())
+        repo.set_calibration(s, fp.key, copy, peak)
+        s.commit()
+
+
 def test_the_worker_stops_at_a_copy_floor_and_never_at_a_compute_one(
         any_db_url: str, table: Any, monkeypatch: pytest.MonkeyPatch):
     """The roofline stop: where the floor is the copy bandwidth's (a memory-bound vector add,
@@ -276,30 +289,16 @@ def test_the_worker_stops_at_a_copy_floor_and_never_at_a_compute_one(
     monkeypatch.setenv("TUNER_STOP_CHANCE", "0")
     factory = init_db(any_db_url)
     adds = load_table(VECTOR_ADD)
-    vector_add = get_kernel("vector_add")
-    copy = vector_add.bytes(adds.shape, adds.dtype) / (0.97 * adds.best_ms * 1e-3) / 1e9
-    assert floor_ms(vector_add, adds.shape, adds.dtype, copy, None) == pytest.approx(
-        0.97 * adds.best_ms)
-    fp = ReplayBackend(adds).fingerprint
-    with factory() as s:
-        repo.upsert_device(s, fp.to_dict())
-        repo.set_calibration(s, fp.key, copy, None)
-        s.commit()
+    nbytes = get_kernel("vector_add").bytes(adds.shape, adds.dtype)
+    _calibrated_at(factory, adds, nbytes / (0.97 * adds.best_ms * 1e-3) / 1e9, None)
     task_id, outcome = _replay_run(factory, adds, trials=60)
     assert outcome.result.stop_reason == "near roofline"
     assert len(outcome.result.trials) < 60
     with factory() as s:  # the task keeps why it stopped (the job page says so)
         assert repo.get_task(s, task_id).stop_reason == "near roofline"
 
-    kernel = get_kernel("matmul")
-    peak = kernel.flops(table.shape) / (0.97 * table.best_ms * 1e-3) / 1e12
-    assert floor_ms(kernel, table.shape, table.dtype, None, peak) == pytest.approx(
-        0.97 * table.best_ms)
-    fp = ReplayBackend(table).fingerprint
-    with factory() as s:
-        repo.upsert_device(s, fp.to_dict())
-        repo.set_calibration(s, fp.key, None, peak)
-        s.commit()
+    flops = get_kernel("matmul").flops(table.shape)
+    _calibrated_at(factory, table, None, flops / (0.97 * table.best_ms * 1e-3) / 1e12)
     _, outcome = _replay_run(factory, table, trials=DEFAULT_STOP_MIN_TRIALS + 8)
     assert outcome.result.stop_reason == "budget"
     assert len(outcome.result.trials) == DEFAULT_STOP_MIN_TRIALS + 8

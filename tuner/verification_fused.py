@@ -100,10 +100,11 @@ def _error_pass(got_ptr, ref_ptr, scale_ptr, over_ptr, worst_ptr, sums_ptr, n, c
         got_sum += tl.where(inside, g, 0.0).to(tl.float64)
     tl.store(over_ptr + pid, tl.sum(over, axis=0))
     tl.store(worst_ptr + pid, tl.max(worst, axis=0))
-    tl.store(sums_ptr + 4 * pid, tl.sum(err_sum, axis=0))
-    tl.store(sums_ptr + 4 * pid + 1, tl.sum(allowed_sq, axis=0))
-    tl.store(sums_ptr + 4 * pid + 2, tl.sum(directed, axis=0))
-    tl.store(sums_ptr + 4 * pid + 3, tl.sum(got_sum, axis=0))
+    at = 4 * pid.to(tl.int64)  # 4 sums a program: past 2**31 for 2**29 programs
+    tl.store(sums_ptr + at, tl.sum(err_sum, axis=0))
+    tl.store(sums_ptr + at + 1, tl.sum(allowed_sq, axis=0))
+    tl.store(sums_ptr + at + 2, tl.sum(directed, axis=0))
+    tl.store(sums_ptr + at + 3, tl.sum(got_sum, axis=0))
 
 
 #: the warm-up threads started (by dtype pair), joined by ``wait_warm``

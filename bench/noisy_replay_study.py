@@ -34,13 +34,8 @@ from typing import Any
 
 from bench.report import write_report
 
-TABLES = ("tests/data/replay/*.json", "tests/data/replay/holdout/*.json",
-          "tests/data/replay/nongemm/softmax_*.json",
-          "tests/data/replay/nongemm/add_layernorm_*.json",
-          "tests/data/replay/nongemm/vector_add_*.json")
-COPY_GBPS = 4240.0
-MATMUL_TFLOPS = 675.0
-BAND = 0.01
+# the roofline stop study's tables, the H200's ceilings and the 1% band
+from bench.roofline_stop_study import BAND, COPY_GBPS, MATMUL_TFLOPS, TABLES
 
 
 @dataclass(frozen=True)

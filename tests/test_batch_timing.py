@@ -134,11 +134,13 @@ def test_a_short_warm_up_that_finds_the_limiter_engaged_is_taken_again(gpu_child
 
 
 def test_a_retimings_rounds_keep_the_short_warm_up_back_to_back(gpu_child):
-    """Its finalists are near-equal configs of one problem, timed in turn: not guarded."""
+    """Its finalists are near-equal configs of one problem, timed in turn: not guarded (entry
+    by entry here; interleaved, a round is one pass: tests/test_start_and_pacing.py)."""
     state, monitor, calls = gpu_child
     monitor.after = [650.0]
     child_mod.retime(state, GOOD[:2], 3, TimingOptions(
-        warmup_ms=10, settle_warmup_ms=100, retime_rep_ms=20, retime_min_rounds=0))
+        warmup_ms=10, settle_warmup_ms=100, retime_rep_ms=20, retime_min_rounds=0),
+        interleave=False)
     assert calls == [(100, 20)] + [(10, 20)] * 5
 
 

@@ -215,11 +215,124 @@ def test_a_retiming_round_runs_retime_rep_ms_and_a_trial_rep_ms(monkeypatch):
     child_mod._time_fn(state, lambda: None, timing)
     assert [rep for _, rep in calls] == [40]
     calls.clear()
-    out = child_mod.retime(state, [KernelConfig(X=1), KernelConfig(X=2)], 3, timing)
+    out = child_mod.retime(state, [KernelConfig(X=1), KernelConfig(X=2)], 3, timing,
+                           interleave=False)
     assert [rep for _, rep in calls] == [20] * 6 and [m.extra["rounds"] for m in out] == [3, 3]
     calls.clear()
-    child_mod.retime(state, [KernelConfig(X=1)], 3, replace(timing, retime_rep_ms=0))
+    child_mod.retime(state, [KernelConfig(X=1)], 3, replace(timing, retime_rep_ms=0),
+                     interleave=False)
     assert [rep for _, rep in calls] == [40] * 3  # 0: the trials' rep_ms
+
+
+# -- re-timing interleaved run by run (tuner.gpu_timer.do_bench_interleaved) -------------------
+
+def test_paired_rounds_separate_a_lead_that_a_common_drift_hides_from_unpaired_ones():
+    # the clock drifts 10% a round: the lead is 2% faster in every round, yet its slowest
+    # round is slower than the other's fastest
+    drifting = [[1.0, 1.1, 1.2], [1.02, 1.122, 1.224]]
+    assert not child_mod.separated(drifting)
+    assert child_mod.separated(drifting, paired=True)
+    # one round where the other won: not separated, paired or not
+    assert not child_mod.separated([[1.0, 1.1, 1.2], [1.02, 1.09, 1.224]], paired=True)
+    # a tie is a tie either way
+    assert child_mod.separated([[1.0, 1.1, 1.2], [1.0, 1.102, 1.19]], paired=True)
+
+
+def test_a_gpu_re_timing_interleaves_with_an_eager_method_and_not_otherwise():
+    gpu, cpu = child_mod.ChildState("cuda"), child_mod.ChildState("cpu")
+    assert child_mod.interleaves(gpu, TimingOptions())  # eager-flushed, settled
+    assert child_mod.interleaves(gpu, TimingOptions(method="eager-hot"))
+    assert not child_mod.interleaves(gpu, TimingOptions(method="cuda-graph"))
+    assert not child_mod.interleaves(gpu, TimingOptions(protocol="cool"))
+    assert not child_mod.interleaves(cpu, TimingOptions())
+
+
+def _fake_interleaved(monkeypatch: pytest.MonkeyPatch, drift: float,
+                      ms: Mapping[int, float]) -> list[tuple[int, float, float, bool]]:
+    """``tuner.gpu_timer``'s two timers faked (no GPU here): config X's launch takes
+    ``ms[X]``, every timing call ``drift`` slower than the one before (a clock sinking under
+    the power limiter), one interleaved pass counting as one; each call's (callables timed,
+    warm-up, rep, flush) is recorded. The callables are ``Paced`` launches: their config is
+    read from the partial's arguments."""
+    import tuner.gpu_timer
+
+    calls: list[tuple[int, float, float, bool]] = []
+
+    def scale() -> float:
+        return (1 + drift) ** len(calls)
+
+    def x_of(fn: Any) -> int:
+        return int(fn.args[0]["X"])
+
+    def interleaved(fns: Any, warmup: float = 25.0, rep: float = 100.0, quantiles: Any = None,
+                    flush: bool = True) -> list[list[float]]:
+        f = scale()
+        calls.append((len(fns), warmup, rep, flush))
+        return [[ms[x_of(fn)] * f] * 3 for fn in fns]
+
+    def bench(method: str, fn: Any, warmup: float = 25.0, rep: float = 100.0,
+              quantiles: Any = None) -> list[float]:
+        f = scale()
+        calls.append((1, warmup, rep, method != "eager-hot"))
+        return [ms[x_of(fn)] * f] * 3
+
+    monkeypatch.setattr(tuner.gpu_timer, "do_bench_interleaved", interleaved)
+    monkeypatch.setattr(tuner.gpu_timer, "bench", bench)
+    monkeypatch.setattr(child_mod.ChildState, "gpu_sample", lambda self: None)
+    return calls
+
+
+def test_an_interleaved_re_timing_times_every_config_in_one_pass_a_round(monkeypatch):
+    calls = _fake_interleaved(monkeypatch, 0.0, {1: 1.0, 2: 1.5, 3: 1.2})
+    state = child_mod.ChildState("cuda")
+    state.kernel = Paced()
+    timing = TimingOptions(rep_ms=40, retime_rep_ms=20, warmup_ms=10, settle_warmup_ms=50,
+                           settle_max_ms=0)
+    configs = [KernelConfig(X=1), KernelConfig(X=2), KernelConfig(X=3)]
+    out = child_mod.retime(state, configs, 5, timing)
+    # three rounds (then separated), each one pass over the three configs at retime_rep_ms;
+    # the first after the GPU idled with the sustained-state warm-up, the others back to back
+    assert calls == [(3, 50, 20, True), (3, 10, 20, True), (3, 10, 20, True)]
+    assert [m.config for m in out] == configs and [m.p50_ms for m in out] == [1.0, 1.5, 1.2]
+    assert all(m.extra["interleaved"] and m.extra["rounds"] == 3 for m in out)
+    assert out[0].extra["warmups"] == {"long": 1, "short": 2, "redone": 0}
+    calls.clear()
+    child_mod.retime(state, configs, 3, replace(timing, method="eager-hot"))
+    assert [flush for *_, flush in calls] == [False] * 3
+
+
+def test_under_a_drifting_clock_interleaved_rounds_stop_where_entry_by_entry_ones_go_on(
+        monkeypatch):
+    # config 1 is 2% faster; every timing call runs 3% slower than the one before
+    calls = _fake_interleaved(monkeypatch, 0.03, {1: 1.0, 2: 1.02})
+    state = child_mod.ChildState("cuda")
+    state.kernel = Paced()
+    timing = TimingOptions(settle_max_ms=0)
+    configs = [KernelConfig(X=1), KernelConfig(X=2)]
+    paired = child_mod.retime(state, configs, 5, timing)
+    assert [m.extra["rounds"] for m in paired] == [3, 3] and len(calls) == 3
+    assert paired[0].p50_ms < paired[1].p50_ms
+    calls.clear()
+    # entry by entry the drift over the rounds (6% a round) hides the 2% gap: every round runs
+    unpaired = child_mod.retime(state, configs, 5, timing, interleave=False)
+    assert [m.extra["rounds"] for m in unpaired] == [5, 5] and len(calls) == 10
+    assert "interleaved" not in unpaired[0].extra
+
+
+def test_under_a_rising_clock_entry_by_entry_rounds_rank_the_configs_the_wrong_way(
+        monkeypatch):
+    # the clock climbs (an idle GPU regaining its boost): each timing 3% faster than the one
+    # before, more than config 1's 2% lead over config 2, which is timed after it every round
+    calls = _fake_interleaved(monkeypatch, -0.03, {1: 1.0, 2: 1.02})
+    state = child_mod.ChildState("cuda")
+    state.kernel = Paced()
+    configs = [KernelConfig(X=1), KernelConfig(X=2)]
+    paired = child_mod.retime(state, configs, 5, TimingOptions(settle_max_ms=0))
+    assert paired[0].p50_ms < paired[1].p50_ms
+    calls.clear()
+    unpaired = child_mod.retime(state, configs, 5, TimingOptions(settle_max_ms=0),
+                                interleave=False)
+    assert unpaired[0].p50_ms > unpaired[1].p50_ms
 
 
 # -- memory-bound problems: the warm-up only where the power limiter may hold the clock ---------

@@ -20,6 +20,12 @@ The spin costs GPU time between timed runs, never inside them. With ``flush=Fals
 ``eager-hot`` timing method, ``tuner/timing.py``) the flush is left out: each run finds the inputs
 in L2 as the run before left them.
 
+``do_bench_interleaved`` times several callables (a re-timing's finalists) in one pass: each
+timed run of one is followed by one of the next, round robin, every run flushed and spun as
+``do_bench``'s, so a clock that drifts under the power limiter over the pass (an 8192^3 GEMM's
+rounds spread 6-11% on an H200) moves all of them alike and their ratio keeps only the noise
+of single runs.
+
 ``do_bench_graph`` (``cuda-graph``) times what a serving engine's graph replay runs: N launches
 of ``fn`` captured in one CUDA graph (N such that one replay lasts about ``rep`` /
 ``GRAPH_REPLAYS``), the graph replayed back to back and each replay timed with CUDA events; a
@@ -53,48 +59,78 @@ def do_bench(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
     """``fn``'s GPU time in ms at ``quantiles``: warm-up for ``warmup`` ms, then timed runs
     for ``rep`` ms, each after an L2 flush (unless not ``flush``) and a spin that lets the host
     get ahead."""
+    return do_bench_interleaved([fn], warmup, rep, quantiles, flush)[0]
+
+
+class _Estimate:
+    """One callable's five untimed-for-result runs: its spin, GPU time and the stream cost of
+    one timed run (the flush, the spin and the callable: the host stays ahead)."""
+
+    def __init__(self, fn: Callable[[], Any], cache: Any, flush: bool) -> None:
+        import torch
+
+        host_us: list[float] = []
+        gpu_ms: list[float] = []
+        flush_ms: list[float] = []
+        for _ in range(5):
+            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            start.record()
+            if flush:
+                cache.zero_()
+            mid.record()
+            t0 = time.perf_counter()
+            fn()
+            host_us.append((time.perf_counter() - t0) * 1e6)
+            end.record()
+            torch.cuda.synchronize()
+            flush_ms.append(start.elapsed_time(mid))
+            gpu_ms.append(mid.elapsed_time(end))
+        self.spin = spin_cycles(host_us)
+        self.fn_ms = statistics.median(gpu_ms)
+        self.per_run_ms = (statistics.median(flush_ms) + self.spin / SPIN_CYCLES_PER_US / 1e3
+                           + self.fn_ms)
+        # a warm-up call goes back to back: it costs the larger of its GPU and host time
+        self.warm_call_ms = max(self.fn_ms, statistics.median(host_us) / 1e3, 1e-3)
+
+
+def do_bench_interleaved(fns: Sequence[Callable[[], Any]], warmup: float = 25.0,
+                         rep: float = 100.0, quantiles: Sequence[float] = (0.2, 0.5, 0.8),
+                         flush: bool = True) -> list[list[float]]:
+    """Each of ``fns``' GPU time in ms at ``quantiles``, taken in one pass: a warm-up of
+    ``warmup`` ms calling them in turn, then timed runs round robin (one of each, in order,
+    each after an L2 flush unless not ``flush`` and a spin that lets the host get ahead) for
+    about ``rep`` ms per callable. One list of quantiles per callable, in order."""
     import torch
 
-    fn()
+    if not fns:
+        return []
+    for fn in fns:
+        fn()
     torch.cuda.synchronize()
     cache = torch.empty(FLUSH_BYTES // 4 if flush else 1, dtype=torch.int32, device="cuda")
-    host_us: list[float] = []
-    gpu_ms: list[float] = []
-    flush_ms: list[float] = []
-    for _ in range(5):
-        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        start.record()
-        if flush:
-            cache.zero_()
-        mid.record()
-        t0 = time.perf_counter()
-        fn()
-        host_us.append((time.perf_counter() - t0) * 1e6)
-        end.record()
-        torch.cuda.synchronize()
-        flush_ms.append(start.elapsed_time(mid))
-        gpu_ms.append(mid.elapsed_time(end))
-    spin = spin_cycles(host_us)
-    fn_ms = statistics.median(gpu_ms)
-    # a timed run's cost on the stream: the flush, the spin and fn (the host stays ahead)
-    per_run_ms = statistics.median(flush_ms) + spin / SPIN_CYCLES_PER_US / 1e3 + fn_ms
-    # warm-up calls go back to back: each costs the larger of its GPU and host time
-    n_warmup = max(1, int(warmup / max(fn_ms, statistics.median(host_us) / 1e3, 1e-3)))
-    n_repeat = max(1, int(rep / per_run_ms))
+    est = [_Estimate(fn, cache, flush) for fn in fns]
+    n_warmup = max(1, int(warmup / sum(e.warm_call_ms for e in est)))
+    n_repeat = max(1, int(rep * len(fns) / sum(e.per_run_ms for e in est)))
     for _ in range(n_warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        for fn in fns:
+            fn()
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(n_repeat)] for _ in fns]
     for i in range(n_repeat):
-        if flush:
-            cache.zero_()
-        torch.cuda._sleep(spin)
-        starts[i].record()
-        fn()
-        ends[i].record()
+        for fn, e, pairs in zip(fns, est, events, strict=True):
+            if flush:
+                cache.zero_()
+            torch.cuda._sleep(e.spin)
+            pairs[i][0].record()
+            fn()
+            pairs[i][1].record()
     torch.cuda.synchronize()
-    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
-    return [float(v) for v in torch.quantile(times, torch.tensor(list(quantiles)))]
+    q = torch.tensor(list(quantiles))
+    out = []
+    for pairs in events:
+        times = torch.tensor([s.elapsed_time(e) for s, e in pairs])
+        out.append([float(v) for v in torch.quantile(times, q)])
+    return out
 
 
 #: timed replays of ``do_bench_graph`` aimed at within ``rep`` (each replay is one sample)

@@ -116,3 +116,19 @@ def test_calibration_reads_plausible_bandwidth_and_matmul_peak(timed: Timed):
     if "runs" in cal:
         runs = cal["runs"]
         assert (runs >= 2) if isinstance(runs, int) else len(runs) >= 2, cal
+
+
+def test_a_re_timing_interleaves_its_configs_and_agrees_with_their_own_timings(timed: Timed):
+    """``gpu_timer.do_bench_interleaved`` through the child: FAST and SLOW re-timed in one
+    pass per round, each near its own full timing (SLOW's own is only the quick look)."""
+    fast, slow = timed.backend.retime([FAST, SLOW], 3)
+    for m in (fast, slow):
+        assert m.ok and m.extra.get("measured") == "retimed", m
+        assert m.extra.get("interleaved") is True and m.extra.get("rounds") == 3, m.extra
+        assert m.p20_ms is not None and m.p50_ms is not None and m.p80_ms is not None
+        assert 0 < m.p20_ms <= m.p50_ms <= m.p80_ms
+    assert timed.first.p50_ms is not None and fast.p50_ms is not None
+    assert slow.p50_ms is not None and timed.slow.p50_ms is not None
+    assert 0.8 < fast.p50_ms / timed.first.p50_ms < 1.25, (fast, timed.first, state_line())
+    assert 0.7 < slow.p50_ms / timed.slow.p50_ms < 1.4, (slow, timed.slow, state_line())
+    assert slow.p50_ms > 2 * fast.p50_ms

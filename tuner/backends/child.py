@@ -52,7 +52,13 @@ from tuner.gpu_state import (
 )
 from tuner.launching import output_tensor
 from tuner.measurement import Measurement, Outcome
-from tuner.timing import CUDA_GRAPH, DEFAULT_TIMING, interpreter_refusal
+from tuner.timing import (
+    CUDA_GRAPH,
+    DEFAULT_TIMING,
+    EAGER_FLUSHED,
+    EAGER_HOT,
+    interpreter_refusal,
+)
 
 #: CUDA errors after which the context is unusable: the child must be replaced.
 STICKY_CUDA_ERRORS = (
@@ -547,29 +553,65 @@ def _baseline_fn(state: ChildState, inputs: dict[str, Any],
 RETIME_TIE = 0.005
 
 
-def separated(timings: list[list[float]], tie: float = RETIME_TIE) -> bool:
+def separated(timings: list[list[float]], tie: float = RETIME_TIE,
+              paired: bool = False) -> bool:
     """Whether more rounds could not change which entry wins by more than ``tie``: the entry
-    of the lowest median was timed faster in every round than each other entry in any round,
-    or their medians are within ``tie`` of each other (each list: one entry's timings so
-    far); True for one entry."""
+    of the lowest median was timed faster in every round than each other entry in any round
+    (``paired``, the rounds interleaved run by run so that a drift moves every entry of a
+    round alike: faster than each other entry in the same round), or their medians are within
+    ``tie`` of each other (each list: one entry's timings so far, round by round); True for
+    one entry."""
     if len(timings) <= 1:
         return True
     medians = [statistics.median(t) for t in timings]
     lead = min(range(len(timings)), key=medians.__getitem__)
     slowest_lead = max(timings[lead])
-    return all(slowest_lead < min(t) or medians[i] <= medians[lead] * (1 + tie)
+
+    def ahead(t: list[float]) -> bool:
+        if paired:
+            return all(a < b for a, b in zip(timings[lead], t, strict=True))
+        return slowest_lead < min(t)
+
+    return all(ahead(t) or medians[i] <= medians[lead] * (1 + tie)
                for i, t in enumerate(timings) if i != lead)
 
 
+def interleaves(state: ChildState, timing: TimingOptions) -> bool:
+    """Whether a re-timing's rounds time their entries interleaved run by run
+    (``gpu_timer.do_bench_interleaved``): on a GPU, with an eager method and without the
+    ``cool`` protocol's idle before each timing (a graph replay, or a cool-down per entry, is
+    timed entry by entry)."""
+    return (state.kind == "cuda" and timing_method(timing) in (EAGER_FLUSHED, EAGER_HOT)
+            and timing.protocol != "cool")
+
+
+def _round(state: ChildState, fns: list[Callable[[], Any]], timing: TimingOptions) -> list[float]:
+    """One interleaved round of a re-timing: each callable's median, in order (its warm-up as
+    ``_time_fn``'s: the sustained-state one unless the GPU was busy a moment ago)."""
+    from tuner.gpu_timer import do_bench_interleaved
+
+    idle_s = time.monotonic() - state.last_busy if state.last_busy else None
+    state.idle_s, state.warmup_ms = idle_s, _full_warmup_ms(timing, idle_s, state.quiet)
+    state.warmups["long" if state.warmup_ms >= timing.settle_warmup_ms else "short"] += 1
+    out = do_bench_interleaved(fns, warmup=state.warmup_ms, rep=timing.rep_ms,
+                               flush=timing_method(timing) == EAGER_FLUSHED)
+    return [q[1] for q in out]
+
+
 def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
-           timing: TimingOptions, baseline: bool = False) -> list[Measurement]:
+           timing: TimingOptions, baseline: bool = False,
+           interleave: bool | None = None) -> list[Measurement]:
     """Interleave: every round times every config once (and then the kernel's baseline, with
     ``baseline``), so drift hits all of them alike. The GPU is settled first, with all of them
     in turn as the load. One measurement per config, in order, then the baseline's
     (``KernelConfig({})``, ``extra["baseline"]``) when asked for and the kernel has one.
     ``rounds`` is the most: after ``timing.retime_min_rounds`` the rounds stop once the
     fastest config is ``separated`` from the other configs (``extra["rounds"]`` says how many
-    ran). Each round's timing runs ``timing.retime_rep_ms`` (else ``rep_ms``)."""
+    ran). Each round's timing runs ``timing.retime_rep_ms`` (else ``rep_ms``) per entry; on a
+    GPU with an eager method a round times its entries interleaved run by run
+    (``interleaves``), so the clock's drift over a round hits every entry alike and
+    ``separated`` compares them round by round (``interleave``: force it on or off, as
+    ``bench/retime_pairing_probe.py`` does to compare the two)."""
     if timing.retime_rep_ms > 0:
         timing = dataclasses.replace(timing, rep_ms=timing.retime_rep_ms)
     inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)
@@ -585,18 +627,28 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     medians: list[list[float]] = [[] for _ in entries]
     gpu: list[list[GpuSample]] = [[] for _ in entries]
     cooled: list[float] = []
+    paired = interleaves(state, timing) if interleave is None else interleave
     for done_rounds in range(1, rounds + 1):
-        for i, (_config, fn, _extra) in enumerate(entries):
-            done = _cool(state, timing)
-            if done is not None:
-                cooled.append(done["ms"])
-            medians[i].append(_time_fn(state, fn, timing)[1])
+        if paired:
+            values = _round(state, [fn for _, fn, _ in entries], timing)
             state.last_busy = time.monotonic()
             sample = state.gpu_sample()
-            if sample is not None:
-                gpu[i].append(sample)
+            for i, value in enumerate(values):
+                medians[i].append(value)
+                if sample is not None:
+                    gpu[i].append(sample)
+        else:
+            for i, (_config, fn, _extra) in enumerate(entries):
+                done = _cool(state, timing)
+                if done is not None:
+                    cooled.append(done["ms"])
+                medians[i].append(_time_fn(state, fn, timing)[1])
+                state.last_busy = time.monotonic()
+                sample = state.gpu_sample()
+                if sample is not None:
+                    gpu[i].append(sample)
         if done_rounds >= max(1, timing.retime_min_rounds) and timing.retime_min_rounds and (
-                separated(medians[:len(configs)])):
+                separated(medians[:len(configs)], paired=paired)):
             break
     state.last_busy = time.monotonic()
     out: list[Measurement] = []
@@ -604,6 +656,8 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     for (config, _fn, extra), values, samples in zip(entries, medians, gpu, strict=True):
         extra = {**extra, "measured": "retimed", "rounds": len(values),
                  "timing": timing_method(timing)}
+        if paired:
+            extra["interleaved"] = True
         if not out:  # the re-timing's warm-ups, counted once
             extra["warmups"] = warmups
         if samples:

@@ -9,6 +9,10 @@ under the power limiter between one config's 20 ms and the next's. Interleaved
 of the next, so a drift moves all of them alike. The issue's quality check (a fast job's best
 within 1% of a 96-trial search's, both re-timed side by side) rests on the same re-timing.
 
+The product re-times entry by entry unless ``TUNER_RETIME_INTERLEAVED=1``
+(``TimingOptions.retime_interleaved``, which this probe's first run on an H200 decided:
+``results/retime_pairing_h200/``); the probe asks for each method itself.
+
 For each problem of a service's store (``bench.tuning_time --save``'s ``service.db``), its
 re-timed finalists are re-timed ``--repeats`` times with the product's own
 ``tuner.backends.child.retime`` (its defaults: at most 5 rounds, at least 3, stopping once

@@ -238,13 +238,22 @@ def test_paired_rounds_separate_a_lead_that_a_common_drift_hides_from_unpaired_o
     assert child_mod.separated([[1.0, 1.1, 1.2], [1.0, 1.102, 1.19]], paired=True)
 
 
-def test_a_gpu_re_timing_interleaves_with_an_eager_method_and_not_otherwise():
+ON = TimingOptions(retime_interleaved=True, settle_max_ms=0)
+
+
+def test_a_gpu_re_timing_interleaves_when_asked_with_an_eager_method_and_not_otherwise(
+        monkeypatch):
     gpu, cpu = child_mod.ChildState("cuda"), child_mod.ChildState("cpu")
-    assert child_mod.interleaves(gpu, TimingOptions())  # eager-flushed, settled
-    assert child_mod.interleaves(gpu, TimingOptions(method="eager-hot"))
-    assert not child_mod.interleaves(gpu, TimingOptions(method="cuda-graph"))
-    assert not child_mod.interleaves(gpu, TimingOptions(protocol="cool"))
-    assert not child_mod.interleaves(cpu, TimingOptions())
+    assert child_mod.interleaves(gpu, ON)  # eager-flushed, settled
+    assert child_mod.interleaves(gpu, replace(ON, method="eager-hot"))
+    assert not child_mod.interleaves(gpu, replace(ON, method="cuda-graph"))
+    assert not child_mod.interleaves(gpu, replace(ON, protocol="cool"))
+    assert not child_mod.interleaves(cpu, ON)
+    # off by default (bench/results/retime_pairing_h200/), on with the environment variable
+    monkeypatch.delenv("TUNER_RETIME_INTERLEAVED", raising=False)
+    assert not child_mod.interleaves(gpu, TimingOptions())
+    monkeypatch.setenv("TUNER_RETIME_INTERLEAVED", "1")
+    assert child_mod.interleaves(gpu, TimingOptions())
 
 
 def _fake_interleaved(monkeypatch: pytest.MonkeyPatch, drift: float,
@@ -286,8 +295,7 @@ def test_an_interleaved_re_timing_times_every_config_in_one_pass_a_round(monkeyp
     calls = _fake_interleaved(monkeypatch, 0.0, {1: 1.0, 2: 1.5, 3: 1.2})
     state = child_mod.ChildState("cuda")
     state.kernel = Paced()
-    timing = TimingOptions(rep_ms=40, retime_rep_ms=20, warmup_ms=10, settle_warmup_ms=50,
-                           settle_max_ms=0)
+    timing = replace(ON, rep_ms=40, retime_rep_ms=20, warmup_ms=10, settle_warmup_ms=50)
     configs = [KernelConfig(X=1), KernelConfig(X=2), KernelConfig(X=3)]
     out = child_mod.retime(state, configs, 5, timing)
     # three rounds (then separated), each one pass over the three configs at retime_rep_ms;
@@ -307,7 +315,7 @@ def test_under_a_drifting_clock_interleaved_rounds_stop_where_entry_by_entry_one
     calls = _fake_interleaved(monkeypatch, 0.03, {1: 1.0, 2: 1.02})
     state = child_mod.ChildState("cuda")
     state.kernel = Paced()
-    timing = TimingOptions(settle_max_ms=0)
+    timing = ON
     configs = [KernelConfig(X=1), KernelConfig(X=2)]
     paired = child_mod.retime(state, configs, 5, timing)
     assert [m.extra["rounds"] for m in paired] == [3, 3] and len(calls) == 3
@@ -327,11 +335,10 @@ def test_under_a_rising_clock_entry_by_entry_rounds_rank_the_configs_the_wrong_w
     state = child_mod.ChildState("cuda")
     state.kernel = Paced()
     configs = [KernelConfig(X=1), KernelConfig(X=2)]
-    paired = child_mod.retime(state, configs, 5, TimingOptions(settle_max_ms=0))
+    paired = child_mod.retime(state, configs, 5, ON)
     assert paired[0].p50_ms < paired[1].p50_ms
     calls.clear()
-    unpaired = child_mod.retime(state, configs, 5, TimingOptions(settle_max_ms=0),
-                                interleave=False)
+    unpaired = child_mod.retime(state, configs, 5, ON, interleave=False)
     assert unpaired[0].p50_ms > unpaired[1].p50_ms
 
 

@@ -63,16 +63,30 @@ def do_bench(fn: Callable[[], Any], warmup: float = 25.0, rep: float = 100.0,
 
 
 class _Estimate:
-    """One callable's five untimed-for-result runs: its spin, GPU time and the stream cost of
-    one timed run (the flush, the spin and the callable: the host stays ahead)."""
+    """A callable's five runs before its timing: its spin, GPU time and the stream cost of one
+    timed run (the flush, the spin and the callable: the host stays ahead)."""
 
-    def __init__(self, fn: Callable[[], Any], cache: Any, flush: bool) -> None:
-        import torch
+    def __init__(self, host_us: list[float], gpu_ms: list[float],
+                 flush_ms: list[float]) -> None:
+        self.spin = spin_cycles(host_us)
+        self.fn_ms = statistics.median(gpu_ms)
+        self.per_run_ms = (statistics.median(flush_ms) + self.spin / SPIN_CYCLES_PER_US / 1e3
+                           + self.fn_ms)
+        # a warm-up call goes back to back: it costs the larger of its GPU and host time
+        self.warm_call_ms = max(self.fn_ms, statistics.median(host_us) / 1e3, 1e-3)
 
-        host_us: list[float] = []
-        gpu_ms: list[float] = []
-        flush_ms: list[float] = []
-        for _ in range(5):
+
+def _estimates(fns: Sequence[Callable[[], Any]], cache: Any, flush: bool) -> list[_Estimate]:
+    """Five runs of each of ``fns``, in the order they will be timed (round robin): the host's
+    enqueue time of one depends on what ran before it (a different kernel's launch path), so
+    each spin is sized on the order of the timing itself."""
+    import torch
+
+    host_us: list[list[float]] = [[] for _ in fns]
+    gpu_ms: list[list[float]] = [[] for _ in fns]
+    flush_ms: list[list[float]] = [[] for _ in fns]
+    for _ in range(5):
+        for i, fn in enumerate(fns):
             start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             start.record()
             if flush:
@@ -80,17 +94,12 @@ class _Estimate:
             mid.record()
             t0 = time.perf_counter()
             fn()
-            host_us.append((time.perf_counter() - t0) * 1e6)
+            host_us[i].append((time.perf_counter() - t0) * 1e6)
             end.record()
             torch.cuda.synchronize()
-            flush_ms.append(start.elapsed_time(mid))
-            gpu_ms.append(mid.elapsed_time(end))
-        self.spin = spin_cycles(host_us)
-        self.fn_ms = statistics.median(gpu_ms)
-        self.per_run_ms = (statistics.median(flush_ms) + self.spin / SPIN_CYCLES_PER_US / 1e3
-                           + self.fn_ms)
-        # a warm-up call goes back to back: it costs the larger of its GPU and host time
-        self.warm_call_ms = max(self.fn_ms, statistics.median(host_us) / 1e3, 1e-3)
+            flush_ms[i].append(start.elapsed_time(mid))
+            gpu_ms[i].append(mid.elapsed_time(end))
+    return [_Estimate(*runs) for runs in zip(host_us, gpu_ms, flush_ms, strict=True)]
 
 
 def do_bench_interleaved(fns: Sequence[Callable[[], Any]], warmup: float = 25.0,
@@ -108,7 +117,7 @@ def do_bench_interleaved(fns: Sequence[Callable[[], Any]], warmup: float = 25.0,
         fn()
     torch.cuda.synchronize()
     cache = torch.empty(FLUSH_BYTES // 4 if flush else 1, dtype=torch.int32, device="cuda")
-    est = [_Estimate(fn, cache, flush) for fn in fns]
+    est = _estimates(fns, cache, flush)
     n_warmup = max(1, int(warmup / sum(e.warm_call_ms for e in est)))
     n_repeat = max(1, int(rep * len(fns) / sum(e.per_run_ms for e in est)))
     for _ in range(n_warmup):

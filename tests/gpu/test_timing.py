@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -120,8 +120,13 @@ def test_calibration_reads_plausible_bandwidth_and_matmul_peak(timed: Timed):
 
 def test_a_re_timing_interleaves_its_configs_and_agrees_with_their_own_timings(timed: Timed):
     """``gpu_timer.do_bench_interleaved`` through the child: FAST and SLOW re-timed in one
-    pass per round, each near its own full timing (SLOW's own is only the quick look)."""
-    fast, slow = timed.backend.retime([FAST, SLOW], 3)
+    pass per round, each near its own full timing (SLOW's own is only the quick look); off
+    by default, asked for here (``TimingOptions.retime_interleaved``)."""
+    timed.backend.timing = replace(TIMING, retime_interleaved=True)
+    try:
+        fast, slow = timed.backend.retime([FAST, SLOW], 3)
+    finally:
+        timed.backend.timing = TIMING
     for m in (fast, slow):
         assert m.ok and m.extra.get("measured") == "retimed", m
         assert m.extra.get("interleaved") is True and m.extra.get("rounds") == 3, m.extra

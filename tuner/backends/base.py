@@ -20,6 +20,7 @@ PROTOCOL_ENV = "TUNER_TIMING_PROTOCOL"
 
 #: the environment variable that turns ``TimingOptions.time_ahead`` on ("1")
 TIME_AHEAD_ENV = "TUNER_TIME_AHEAD"
+RETIME_INTERLEAVED_ENV = "TUNER_RETIME_INTERLEAVED"
 
 
 def default_protocol() -> str:
@@ -103,6 +104,16 @@ class TimingOptions:
     #: by about what it added to their measuring (most configs timed ahead were never asked
     #: for), so the walls did not move (``bench/results/tuning_time_33e_h100/``)
     time_ahead: bool = field(default_factory=lambda: os.environ.get(TIME_AHEAD_ENV) == "1")
+    #: a re-timing's rounds time their configs interleaved run by run
+    #: (``gpu_timer.do_bench_interleaved``; eager methods on a GPU) instead of one config's
+    #: 20 ms after another's. Off unless ``TUNER_RETIME_INTERLEAVED=1``: on an H200
+    #: (``bench/results/retime_pairing_h200/``) it cut the spread of the finalists' ratios on
+    #: 9 of 14 problems (1500x3001x999: 1.2-1.8% -> 0.3%) but widened it on two short ones
+    #: (0.15 -> 1.1-2.3%), and on power-capped 8192^3 it ranked two configs the other way
+    #: round (interleaved, they share one clock; alone, each runs at its own sustained clock,
+    #: as its trial and a user's repeated launches do)
+    retime_interleaved: bool = field(
+        default_factory=lambda: os.environ.get(RETIME_INTERLEAVED_ENV) == "1")
     cool_power_frac: float = 0.5
     cool_max_ms: float = 3000.0
     #: with ``settled``, also a long settle before the task's first timing, every re-timing,

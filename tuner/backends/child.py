@@ -578,10 +578,11 @@ def separated(timings: list[list[float]], tie: float = RETIME_TIE,
 
 def interleaves(state: ChildState, timing: TimingOptions) -> bool:
     """Whether a re-timing's rounds time their entries interleaved run by run
-    (``gpu_timer.do_bench_interleaved``): on a GPU, with an eager method and without the
-    ``cool`` protocol's idle before each timing (a graph replay, or a cool-down per entry, is
-    timed entry by entry)."""
-    return (state.kind == "cuda" and timing_method(timing) in (EAGER_FLUSHED, EAGER_HOT)
+    (``gpu_timer.do_bench_interleaved``): asked for (``TimingOptions.retime_interleaved``),
+    on a GPU, with an eager method and without the ``cool`` protocol's idle before each
+    timing (a graph replay, or a cool-down per entry, is timed entry by entry)."""
+    return (timing.retime_interleaved and state.kind == "cuda"
+            and timing_method(timing) in (EAGER_FLUSHED, EAGER_HOT)
             and timing.protocol != "cool")
 
 
@@ -607,9 +608,9 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     (``KernelConfig({})``, ``extra["baseline"]``) when asked for and the kernel has one.
     ``rounds`` is the most: after ``timing.retime_min_rounds`` the rounds stop once the
     fastest config is ``separated`` from the other configs (``extra["rounds"]`` says how many
-    ran). Each round's timing runs ``timing.retime_rep_ms`` (else ``rep_ms``) per entry; on a
-    GPU with an eager method a round times its entries interleaved run by run
-    (``interleaves``), so the clock's drift over a round hits every entry alike and
+    ran). Each round's timing runs ``timing.retime_rep_ms`` (else ``rep_ms``) per entry; asked
+    to (``interleaves``), a round times its entries interleaved run by run, so the clock's
+    drift over a round hits every entry alike and
     ``separated`` compares them round by round (``interleave``: force it on or off, as
     ``bench/retime_pairing_probe.py`` does to compare the two)."""
     if timing.retime_rep_ms > 0:

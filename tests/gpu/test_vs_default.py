@@ -41,7 +41,9 @@ def test_the_stored_best_beats_the_default_beyond_the_noise_or_is_the_default(
     # the default was timed in the same child, in the finalists' interleaved rounds
     assert result is not None and result.default is not None
     assert result.default.config == default and result.default.ok
-    assert result.default.extra["measured"] == "retimed" and result.default.extra["rounds"] == 5
+    # the rounds stop after 3 once the fastest is separated (tuner.backends.child.separated)
+    assert result.default.extra["measured"] == "retimed"
+    assert 3 <= result.default.extra["rounds"] <= 5, result.default.extra
     with factory() as s:
         [row] = repo.list_best(s)
         task = repo.get_task(s, task_id)

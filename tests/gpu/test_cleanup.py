@@ -1,8 +1,8 @@
 """A worker SIGKILLed mid-task leaves nothing on the GPU: ``tuner tune --backend cuda`` (a worker
 in its own process: a measuring child on the GPU and a compile pool of a process per core, on
-the host for the built-in kernels) is killed while it tunes, and within 5 s none of its descendants is alive or
-listed by nvidia-smi (the children die with their parent: PR_SET_PDEATHSIG and a watch
-thread, tuner/backends/child.py)."""
+the host for the built-in kernels) is killed while it tunes, and within 5 s none of its
+descendants is alive or listed by nvidia-smi (the children die with their parent:
+PR_SET_PDEATHSIG and a watch thread, tuner/backends/child.py)."""
 
 from __future__ import annotations
 

@@ -44,10 +44,14 @@ class Setting:
     retime_rounds: int = 5
     finalists: int = 3
     stop_min_trials: int = 16
+    #: the stop rule's band: it stops once an improvement beyond it is unlikely (the product's
+    #: 2%, against the quality check's 1%)
+    stop_band: float = 0.02
 
     def label(self) -> str:
         return (f"sigma {self.sigma:g}, {self.retime_rounds} re-timing rounds, "
-                f"{self.finalists} finalists, stop after >= {self.stop_min_trials}")
+                f"{self.finalists} finalists, stop after >= {self.stop_min_trials}"
+                + (f", stop band {self.stop_band:.0%}" if self.stop_band != 0.02 else ""))
 
 
 #: noise 0 (the replay as it is), then 1% and 2%, with the product's settings and variations
@@ -55,6 +59,7 @@ SETTINGS = (
     Setting(0.0), Setting(0.01), Setting(0.02),
     Setting(0.01, stop_min_trials=24), Setting(0.02, stop_min_trials=24),
     Setting(0.02, finalists=5), Setting(0.02, retime_rounds=9),
+    Setting(0.0, stop_band=0.01), Setting(0.01, stop_band=0.01), Setting(0.02, stop_band=0.01),
 )
 
 
@@ -105,7 +110,7 @@ def run(path: str, seed: int, setting: Setting) -> tuple[int, float, float]:
     options = SearchOptions(
         trials=48, seed=seed, warm_start=start, retime_rounds=setting.retime_rounds,
         finalists=setting.finalists, stop_chance=DEFAULT_STOP_CHANCE, batch_size=4,
-        stop_min_trials=setting.stop_min_trials,
+        stop_min_trials=setting.stop_min_trials, stop_band=setting.stop_band,
         floor_ms=roof.floor_ms if memory and roof else None,
         roofline_stop=0.95 if memory else None)
     result = run_search(kernel, table.shape, table.dtype, backend, options)

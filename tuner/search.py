@@ -57,11 +57,13 @@ MAX_WASTED_PROPOSALS = 25
 #: the "no expected gain" stop's defaults (``SearchOptions.stop_chance``), chosen on the
 #: recorded H200 tables with ``bench/search_quality.py --stop-rule`` (bench/NOTES.md)
 DEFAULT_STOP_CHANCE = 0.05
-#: 1%, the quality the service promises (a fast job's best within 1% of a long search's; 2%
-#: before the nineteenth session, a rule that by its own terms let misses of 1-2% through):
-#: on the 19 recorded tables with 0-2% timing noise it cost 0.7-1.2 trials a search on
-#: average and changed no result (``bench/results/noisy_replay_study.md``)
-DEFAULT_STOP_BAND = 0.01
+#: 2%, though the service's quality check is 1%: a 1% band, tried in the nineteenth session,
+#: cost 0.7-1.2 trials a search on the 19 recorded tables with 0-2% timing noise and changed
+#: no result there (``bench/results/noisy_replay_study.md``), but on the H200's held-out set
+#: it ran 1500x3001x999 to its 48-trial cap (19 -> 48 trials, 7.7 -> 11.9 s: over the 10 s
+#: target) and ended no closer (1.050 of its reference), and the other shapes as before
+#: (``bench/results/stop_band_h200/``)
+DEFAULT_STOP_BAND = 0.02
 DEFAULT_STOP_MIN_TRIALS = 16
 DEFAULT_STOP_QUIET = 6
 #: the most configs a model-based search keeps in flight by default: on the recorded tables

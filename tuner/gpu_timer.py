@@ -23,8 +23,9 @@ in L2 as the run before left them.
 ``do_bench_interleaved`` times several callables (a re-timing's finalists) in one pass: each
 timed run of one is followed by one of the next, round robin, every run flushed and spun as
 ``do_bench``'s, so a clock that drifts under the power limiter over the pass (an 8192^3 GEMM's
-rounds spread 6-11% on an H200) moves all of them alike and their ratio keeps only the noise
-of single runs.
+rounds spread 6-11% on an H200) moves all of them alike. Where the power limiter is engaged
+they then share one clock, which is not the clock each reaches alone: the product's
+re-timings use it only when asked (``TimingOptions.retime_interleaved`` says why).
 
 ``do_bench_graph`` (``cuda-graph``) times what a serving engine's graph replay runs: N launches
 of ``fn`` captured in one CUDA graph (N such that one replay lasts about ``rep`` /

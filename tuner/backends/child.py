@@ -610,9 +610,8 @@ def retime(state: ChildState, configs: list[KernelConfig], rounds: int,
     fastest config is ``separated`` from the other configs (``extra["rounds"]`` says how many
     ran). Each round's timing runs ``timing.retime_rep_ms`` (else ``rep_ms``) per entry; asked
     to (``interleaves``), a round times its entries interleaved run by run, so the clock's
-    drift over a round hits every entry alike and
-    ``separated`` compares them round by round (``interleave``: force it on or off, as
-    ``bench/retime_pairing_probe.py`` does to compare the two)."""
+    drift over a round hits every entry alike and ``separated`` compares them round by round
+    (``interleave``: force it on or off, as ``bench/retime_pairing_probe.py`` does)."""
     if timing.retime_rep_ms > 0:
         timing = dataclasses.replace(timing, rep_ms=timing.retime_rep_ms)
     inputs = state.kernel.make_inputs(state.shape, state.dtype, state.device, state.seed)

@@ -109,7 +109,7 @@ class TimingOptions:
     #: 20 ms after another's. Off unless ``TUNER_RETIME_INTERLEAVED=1``: on an H200
     #: (``bench/results/retime_pairing_h200/``) it cut the spread of the finalists' ratios on
     #: 9 of 14 problems (1500x3001x999: 1.2-1.8% -> 0.3%) but widened it on two short ones
-    #: (0.15 -> 1.1-2.3%), and on power-capped 8192^3 it ranked two configs the other way
+    #: (0.1-0.3% -> 1.6-2.5%), and on power-capped 8192^3 it ranked two configs the other way
     #: round (interleaved, they share one clock; alone, each runs at its own sustained clock,
     #: as its trial and a user's repeated launches do)
     retime_interleaved: bool = field(

@@ -107,11 +107,11 @@ class TimingOptions:
     #: a re-timing's rounds time their configs interleaved run by run
     #: (``gpu_timer.do_bench_interleaved``; eager methods on a GPU) instead of one config's
     #: 20 ms after another's. Off unless ``TUNER_RETIME_INTERLEAVED=1``: on an H200
-    #: (``bench/results/retime_pairing_h200/``) it cut the spread of the finalists' ratios on
-    #: 9 of 14 problems (1500x3001x999: 1.2-1.8% -> 0.3%) but widened it on two short ones
-    #: (0.1-0.3% -> 1.6-2.5%), and on power-capped 8192^3 it ranked two configs the other way
-    #: round (interleaved, they share one clock; alone, each runs at its own sustained clock,
-    #: as its trial and a user's repeated launches do)
+    #: (``bench/results/retime_pairing_h200/``, two runs) it cut the spread of the finalists'
+    #: ratios on 6-9 of 14 problems (1500x3001x999: 1.2-1.8% -> 0.2-0.3%) but widened it on two
+    #: short ones (0.1-0.3% -> 1.6-2.5%), and on power-capped 8192^3 it ranked two configs the
+    #: other way round (interleaved, they share one clock; alone, each runs at its own
+    #: sustained clock, as its trial and a user's repeated launches do)
     retime_interleaved: bool = field(
         default_factory=lambda: os.environ.get(RETIME_INTERLEAVED_ENV) == "1")
     cool_power_frac: float = 0.5

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.report import write_report
+from bench.report import command_text, write_report
 
 
 def rows(db: str) -> list[tuple[str, str, float, float]]:
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         by_problem.setdefault(problem, []).append(math.log(p50 / retimed))
     every = [d for ds in by_problem.values() for d in ds]
     lines = ["# A trial's timing against its re-timing (the finalists)", "",
-             f"Command: `python3 -m bench.finalist_noise "
-             f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             f"Command: `{command_text('finalist_noise', argv)}`", "",
              "log(trial p50 / re-timed p50) of each finalist, in %.", "",
              "| problem | finalists | mean | sd | largest |",
              "|---|---|---|---|---|"]

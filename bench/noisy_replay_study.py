@@ -26,13 +26,12 @@ import glob
 import math
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.report import write_report
+from bench.report import command_text, write_report
 
 # the roofline stop study's tables, the H200's ceilings and the 1% band
 from bench.roofline_stop_study import BAND, COPY_GBPS, MATMUL_TFLOPS, TABLES
@@ -133,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = sorted(p for pattern in TABLES for p in glob.glob(pattern))
     t0 = time.monotonic()
     lines = ["# The search with measurement noise added to the recorded tables", "",
-             f"Command: `python3 -m bench.noisy_replay_study "
-             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (CPU, "
+             f"Command: `{command_text('noisy_replay_study', argv)}` (CPU, "
              f"{time.strftime('%Y-%m-%d')})", "",
              f"{len(paths)} tables, {args.seeds} seeds each; within: {BAND:.0%} of the table's "
              "optimum, by the recorded (true) times.", "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -13,3 +15,10 @@ def write_report(lines: list[str], out: str) -> int:
     Path(out).write_text(text)
     print(text)
     return 0
+
+
+def command_text(module: str, argv: Sequence[str] | None) -> str:
+    """``python3 -m bench.MODULE ARGS``: how a script was run (``argv``: its ``main``'s, None
+    for the command line's own)."""
+    args = sys.argv[1:] if argv is None else argv
+    return f"python3 -m bench.{module} {' '.join(args)}"

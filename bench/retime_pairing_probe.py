@@ -34,7 +34,7 @@ import statistics
 import sys
 from typing import Any
 
-from bench.report import write_report
+from bench.report import command_text, write_report
 
 METHODS = (("entry by entry", False), ("interleaved", True))
 
@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no task with two or more re-timed configs in the store", file=sys.stderr)
         return 1
     lines = ["# Re-timing the finalists entry by entry or interleaved", "",
-             f"Command: `python3 -m bench.retime_pairing_probe "
-             f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             f"Command: `{command_text('retime_pairing_probe', argv)}`", "",
              f"{torch.cuda.get_device_name(0)}, Triton {triton.__version__}, torch "
              f"{torch.__version__}; {args.repeats} re-timings per method and problem, the "
              "methods alternating; each the product's `child.retime` (eager-flushed, at most "

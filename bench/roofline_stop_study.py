@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import glob
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from bench.report import write_report
+from bench.report import command_text, write_report
 
 TABLES = ("tests/data/replay/holdout/*.json", "tests/data/replay/*.json",
           "tests/data/replay/nongemm/softmax_*.json",
@@ -86,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = sorted(p for pattern in TABLES for p in glob.glob(pattern))
     t0 = time.monotonic()
     lines = ["# The roofline stop against a 1% band, on the recorded tables", "",
-             f"Command: `python3 -m bench.roofline_stop_study "
-             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (CPU, "
+             f"Command: `{command_text('roofline_stop_study', argv)}` (CPU, "
              f"{time.strftime('%Y-%m-%d')})", "",
              f"{len(paths)} tables, {args.seeds} seeds each, warm, the default stop rule, four "
              f"in flight, a 48-trial cap; the floor at {COPY_GBPS / 1000:.2f} TB/s and "

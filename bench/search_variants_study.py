@@ -34,10 +34,11 @@ from __future__ import annotations
 import argparse
 import glob
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.report import command_text
 
 TABLES = ("tests/data/replay/holdout/*.json", "tests/data/replay/*.json",
           "tests/data/replay/nongemm/softmax_*.json")
@@ -151,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         results = list(pool.map(run_setting, [(s, paths, args.seeds, args.band, args.batch)
                                               for s in args.settings.split(",")]))
     lines = ["# The model strategy's asks: variants on the recorded tables", "",
-             f"Command: `python3 -m bench.search_variants_study "
-             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (CPU, "
+             f"Command: `{command_text('search_variants_study', argv)}` (CPU, "
              f"{time.strftime('%Y-%m-%d')}, {time.monotonic() - t0:.0f} s)", "",
              f"{len(paths)} tables, {args.seeds} seeds each; the default stop rule, a 48-trial "
              f"cap, {args.batch} configs asked before any is told. within: runs that ended within "

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.report import write_report
+from bench.report import command_text, write_report
 
 #: (name, shape, output dtype, tolerance (atol, rtol), row-wise with row sums)
 OUTPUTS = (
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     state = gpu_state()
     lines = ["# The output check's time per config: torch ops against the fused pass first", "",
-             f"Command: `python3 -m bench.verification_speed "
-             f"{' '.join(argv if argv is not None else sys.argv[1:])}` "
+             f"Command: `{command_text('verification_speed', argv)}` "
              f"({time.strftime('%Y-%m-%d')}; {torch.cuda.get_device_name()})", "",
              f"GPU state before: {state}", "",
              "| output | elements | floor ms (2 reads of both at 4.24 TB/s) | torch ops ms | "
